@@ -1,0 +1,40 @@
+"""`sandbox validate PROFILE...`: check profiles, report every problem, exit 1 if any."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from sandbox.errors import ProfileError
+from sandbox.profile import load_profile
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "validate",
+        help="check hardware profiles",
+        description="Load and check each profile. Every problem is printed as "
+        "FILE:LINE:COL: FIELD.PATH: MESSAGE; the exit code is 1 if any profile has one.",
+    )
+    p.add_argument("profiles", nargs="+", metavar="PROFILE", help="profile YAML files")
+    p.add_argument("-q", "--quiet", action="store_true", help="print problems only")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    failed = 0
+    for path in args.profiles:
+        try:
+            loaded = load_profile(path)
+        except ProfileError as exc:
+            failed += 1
+            for problem in exc.problems:
+                print(problem, file=sys.stderr)
+            continue
+        if not args.quiet:
+            nodes = loaded.cluster.nodes
+            devices = sum(len(n.devices) for n in nodes)
+            print(f"{path}: ok ({len(nodes)} node(s), {devices} device(s))")
+    if failed:
+        print(f"{failed} of {len(args.profiles)} profile(s) invalid", file=sys.stderr)
+    return 1 if failed else 0

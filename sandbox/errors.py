@@ -1,0 +1,76 @@
+"""Every exception the sandbox raises on purpose.
+
+    SandboxError                 base; the CLI catches only this and prints ``error: ...``
+    ├── ProfileError             one or more problems in a profile, each with file:line:col
+    ├── RenderError              a tree cannot be written where asked
+    ├── MountError               a FUSE mount cannot be made, served or recovered
+    ├── ControlError             the control API refused a request or cannot be reached
+    ├── RuntimeBackendError      a runtime (local, native, kind) failed at a named step
+    └── CommandError             an external command failed; carries argv and output
+
+Anything else escaping to the CLI is a bug and is allowed to crash loudly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class SandboxError(Exception):
+    """Base of every error the sandbox reports to a user."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found in a profile, located like a compiler message."""
+
+    file: str
+    line: int
+    column: int
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}"
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+class ProfileError(SandboxError):
+    """A profile could not be loaded; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: Sequence[Problem]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class RenderError(SandboxError):
+    """A tree cannot be written to the requested place."""
+
+
+class MountError(SandboxError):
+    """A FUSE mount cannot be made, served or recovered."""
+
+
+class ControlError(SandboxError):
+    """The control API refused a request or could not be reached."""
+
+
+class RuntimeBackendError(SandboxError):
+    """A runtime backend failed; ``step`` names what it was doing."""
+
+    def __init__(self, step: str, message: str) -> None:
+        self.step = step
+        super().__init__(f"{step}: {message}")
+
+
+class CommandError(SandboxError):
+    """An external command exited non-zero."""
+
+    def __init__(self, argv: Sequence[str], returncode: int, output: str) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.output = output
+        tail = output.strip().splitlines()[-5:]
+        detail = ("\n  " + "\n  ".join(tail)) if tail else ""
+        super().__init__(f"command {' '.join(self.argv)!r} exited {returncode}{detail}")

@@ -1,0 +1,173 @@
+"""The in-memory fake root: directories, files, relative symlinks and character devices.
+
+A ``Tree`` is the single source both servers use: ``render`` writes it to a plain
+directory, the FUSE server serves it live. It is plain data with no I/O. Paths are
+POSIX strings relative to the fake root, such as ``sys/bus/pci/devices/0000:17:00.0``.
+
+``DeviceState`` is the mutable part of a node's hardware (health, presence, SR-IOV VF
+count). The builder turns (profile, node, states) into a Tree; the live server rebuilds
+and swaps trees when a state changes.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class File:
+    data: bytes
+    mode: int = 0o444
+
+
+@dataclass(frozen=True)
+class Symlink:
+    target: str
+
+
+@dataclass(frozen=True)
+class CharDevice:
+    major: int
+    minor: int
+    mode: int = 0o666
+
+
+@dataclass
+class Dir:
+    children: dict[str, Entry] = field(default_factory=dict)
+    mode: int = 0o755
+
+
+Entry = Dir | File | Symlink | CharDevice
+
+
+class Health(enum.Enum):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
+class Reason(enum.Enum):
+    """Why a device is unhealthy; each maps onto a real kernel interface."""
+
+    AER_FATAL = "aer-fatal"  # PCI aer_dev_fatal counters rise
+    LINK_DOWN = "link-down"  # net operstate down, carrier 0
+    PORT_DOWN = "port-down"  # InfiniBand port state DOWN
+    REMOVED = "removed"  # device falls off the bus (same as unplug)
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """The runtime-changeable state of one device."""
+
+    health: Health = Health.HEALTHY
+    reason: Reason | None = None
+    plugged: bool = True
+    num_vfs: int | None = None  # None: the profile's numVFs
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    """What the tree knows about one device it contains, for listings and control."""
+
+    id: str  # stable id, as `sandbox show` prints it (gpu0, nic1, ...)
+    kind: str  # gpu | nic | fpga | generic
+    vendor: str
+    model: str
+    pci_address: str
+    numa_node: int
+    dev_nodes: tuple[str, ...]  # paths under dev/ that belong to this device
+    state: DeviceState
+
+
+class TreeError(Exception):
+    """A programming error while building a tree (a path used twice, a missing parent)."""
+
+
+class Tree:
+    """A whole fake root. Build it with the add_* methods; read it with get/walk."""
+
+    def __init__(self) -> None:
+        self.root = Dir()
+        self.devices: dict[str, DeviceRecord] = {}
+
+    # -- building -------------------------------------------------------------------
+    def mkdir(self, path: str, mode: int = 0o755) -> Dir:
+        node = self.root
+        for part in _parts(path):
+            child = node.children.get(part)
+            if child is None:
+                child = Dir(mode=mode)
+                node.children[part] = child
+            elif not isinstance(child, Dir):
+                raise TreeError(f"{path}: {part} is not a directory")
+            node = child
+        return node
+
+    def _put(self, path: str, entry: Entry) -> None:
+        parent, _, name = path.rpartition("/")
+        if not name:
+            raise TreeError(f"empty name in {path!r}")
+        directory = self.mkdir(parent) if parent else self.root
+        if name in directory.children:
+            raise TreeError(f"{path}: already exists")
+        directory.children[name] = entry
+
+    def add_file(self, path: str, data: str | bytes, mode: int = 0o444) -> None:
+        self._put(path, File(data.encode() if isinstance(data, str) else data, mode))
+
+    def add_link(self, path: str, target: str) -> None:
+        if target.startswith("/"):
+            raise TreeError(f"{path}: symlink target {target!r} is absolute")
+        self._put(path, Symlink(target))
+
+    def add_chardev(self, path: str, major: int, minor: int, mode: int = 0o666) -> None:
+        self._put(path, CharDevice(major, minor, mode))
+
+    # -- reading --------------------------------------------------------------------
+    def get(self, path: str) -> Entry | None:
+        node: Entry = self.root
+        for part in _parts(path):
+            if not isinstance(node, Dir):
+                return None
+            child = node.children.get(part)
+            if child is None:
+                return None
+            node = child
+        return node
+
+    def walk(self) -> Iterator[tuple[str, Entry]]:
+        """Every entry below the root (not the root itself), parents first, sorted."""
+        stack: list[tuple[str, Dir]] = [("", self.root)]
+        while stack:
+            prefix, directory = stack.pop()
+            names = sorted(directory.children)
+            subdirs: list[tuple[str, Dir]] = []
+            for name in names:
+                entry = directory.children[name]
+                path = f"{prefix}/{name}" if prefix else name
+                yield path, entry
+                if isinstance(entry, Dir):
+                    subdirs.append((path, entry))
+            stack.extend(reversed(subdirs))
+
+    def digest(self) -> str:
+        """A hash of every path, type and content: equal digests mean equal trees."""
+        h = hashlib.sha256()
+        for path, entry in self.walk():
+            h.update(path.encode() + b"\0")
+            if isinstance(entry, File):
+                h.update(b"F%o\0" % entry.mode + entry.data + b"\0")
+            elif isinstance(entry, Symlink):
+                h.update(b"L" + entry.target.encode() + b"\0")
+            elif isinstance(entry, CharDevice):
+                h.update(b"C%d:%d:%o\0" % (entry.major, entry.minor, entry.mode))
+            else:
+                h.update(b"D%o\0" % entry.mode)
+        return h.hexdigest()
+
+
+def _parts(path: str) -> list[str]:
+    return [p for p in path.split("/") if p]

@@ -1,0 +1,24 @@
+"""Hardware profiles: the YAML format, its validation and its fully defaulted form.
+
+    load_profile(path) -> LoadedProfile(path, profile, cluster)
+
+``profile`` is the document as written (``model``); ``cluster`` is every node replica
+with every default filled in (``resolve``), which the tree builder consumes.
+"""
+
+from sandbox.profile.loader import LoadedProfile, format_loc, load_profile, load_profile_text
+from sandbox.profile.model import API_VERSION, KIND, Profile
+from sandbox.profile.resolve import Cluster, DeviceSpec, NodeSpec
+
+__all__ = [
+    "API_VERSION",
+    "KIND",
+    "Cluster",
+    "DeviceSpec",
+    "LoadedProfile",
+    "NodeSpec",
+    "Profile",
+    "format_loc",
+    "load_profile",
+    "load_profile_text",
+]

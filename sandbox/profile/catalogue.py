@@ -1,0 +1,144 @@
+"""Real hardware models a profile can name, with their real PCI identities.
+
+IDs are public facts (the PCI ID registry, vendor datasheets); memory sizes are the
+models' stated capacity. A profile names a model by its key (``h100-sxm5-80gb``); the
+``generic`` device type is the escape hatch for anything not listed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    name: str
+    vendor_id: int
+    device_id: int
+    class_code: int
+    memory: int
+    driver: str
+    subsystem_vendor_id: int
+    subsystem_device_id: int
+    # MIG-like partitioning the model supports natively (memory slices, compute slices).
+    memory_slices: int = 0
+    compute_slices: int = 0
+    gfx_target_version: int = 0  # AMD KFD topology
+    simd_count: int = 0  # AMD KFD topology
+    link_speed: str = "16.0 GT/s PCIe"
+    link_width: int = 16
+    max_vfs: int = 0  # SR-IOV virtual functions (Intel Flex/Max); VFs share the device id
+
+
+@dataclass(frozen=True)
+class NicModel:
+    name: str
+    vendor_id: int
+    device_id: int
+    vf_device_id: int
+    class_code: int  # 0x020000 Ethernet; InfiniBand ports report 0x020700
+    driver: str
+    vf_driver: str
+    speed: int  # Mb/s per port
+    max_vfs: int
+    rdma: bool
+    oui: str  # MAC prefix the vendor uses
+    link_speed: str = "16.0 GT/s PCIe"
+    link_width: int = 16
+
+
+@dataclass(frozen=True)
+class FpgaModel:
+    name: str
+    vendor_id: int
+    device_id: int
+    class_code: int
+    driver: str
+    flavor: str  # dfl | generic
+    ports: int
+    afu_id: str
+    bitstream_id: str
+
+
+NVIDIA, AMD, INTEL, MELLANOX, XILINX = 0x10DE, 0x1002, 0x8086, 0x15B3, 0x10EE
+
+GPUS: dict[str, dict[str, GpuModel]] = {
+    "nvidia": {
+        "h100-sxm5-80gb": GpuModel("NVIDIA H100 80GB HBM3", NVIDIA, 0x2330, 0x030200, 80 * GiB,
+                                   "nvidia", NVIDIA, 0x16C1, 8, 7, link_speed="32.0 GT/s PCIe"),
+        "a100-sxm4-80gb": GpuModel("NVIDIA A100-SXM4-80GB", NVIDIA, 0x20B2, 0x030200, 80 * GiB,
+                                   "nvidia", NVIDIA, 0x1463, 8, 7),
+        "a100-sxm4-40gb": GpuModel("NVIDIA A100-SXM4-40GB", NVIDIA, 0x20B0, 0x030200, 40 * GiB,
+                                   "nvidia", NVIDIA, 0x134F, 8, 7),
+        "a100-pcie-40gb": GpuModel("NVIDIA A100-PCIE-40GB", NVIDIA, 0x20F1, 0x030200, 40 * GiB,
+                                   "nvidia", NVIDIA, 0x145F, 8, 7),
+        "l40s": GpuModel("NVIDIA L40S", NVIDIA, 0x26B9, 0x030200, 48 * GiB,
+                         "nvidia", NVIDIA, 0x1851),
+        "t4": GpuModel("Tesla T4", NVIDIA, 0x1EB8, 0x030200, 16 * GiB,
+                       "nvidia", NVIDIA, 0x12A2, link_speed="8.0 GT/s PCIe"),
+    },
+    "amd": {
+        "mi300x": GpuModel("AMD Instinct MI300X", AMD, 0x74A1, 0x120000, 192 * GiB, "amdgpu",
+                           AMD, 0x74A1, 8, 8, gfx_target_version=90402, simd_count=1216,
+                           link_speed="32.0 GT/s PCIe"),
+        "mi250x": GpuModel("AMD Instinct MI250X", AMD, 0x740C, 0x038000, 64 * GiB, "amdgpu",
+                           AMD, 0x0B0C, gfx_target_version=90010, simd_count=440),
+        "mi210": GpuModel("AMD Instinct MI210", AMD, 0x740F, 0x038000, 64 * GiB, "amdgpu",
+                          AMD, 0x0C34, gfx_target_version=90010, simd_count=416),
+    },
+    "intel": {
+        "flex-170": GpuModel("Intel Data Center GPU Flex 170", INTEL, 0x56C0, 0x038000,
+                             16 * GiB, "i915", INTEL, 0x4905, max_vfs=31),
+        "flex-140": GpuModel("Intel Data Center GPU Flex 140", INTEL, 0x56C1, 0x038000,
+                             12 * GiB, "i915", INTEL, 0x4904, max_vfs=12),
+        "max-1550": GpuModel("Intel Data Center GPU Max 1550", INTEL, 0x0BD5, 0x038000,
+                             128 * GiB, "xe", INTEL, 0x0000, max_vfs=63),
+        "max-1100": GpuModel("Intel Data Center GPU Max 1100", INTEL, 0x0BDA, 0x038000,
+                             48 * GiB, "xe", INTEL, 0x0000, max_vfs=63),
+    },
+}
+
+NICS: dict[str, dict[str, NicModel]] = {
+    "mellanox": {
+        "connectx-6": NicModel("Mellanox ConnectX-6", MELLANOX, 0x101B, 0x101C, 0x020000,
+                               "mlx5_core", "mlx5_core", 100_000, 127, True, "b8:ce:f6"),
+        "connectx-6dx": NicModel("Mellanox ConnectX-6 Dx", MELLANOX, 0x101D, 0x101E, 0x020000,
+                                 "mlx5_core", "mlx5_core", 100_000, 127, True, "0c:42:a1"),
+        "connectx-7": NicModel("Mellanox ConnectX-7", MELLANOX, 0x1021, 0x101E, 0x020000,
+                               "mlx5_core", "mlx5_core", 400_000, 127, True, "a0:88:c2",
+                               link_speed="32.0 GT/s PCIe"),
+    },
+    "intel": {
+        "e810-c": NicModel("Intel Ethernet Controller E810-C", INTEL, 0x1592, 0x1889, 0x020000,
+                           "ice", "iavf", 100_000, 256, True, "b4:96:91"),
+        "x710": NicModel("Intel Ethernet Controller X710", INTEL, 0x1572, 0x154C, 0x020000,
+                         "i40e", "iavf", 10_000, 64, False, "3c:fd:fe",
+                         link_speed="8.0 GT/s PCIe", link_width=8),
+    },
+}
+
+FPGAS: dict[str, dict[str, FpgaModel]] = {
+    "intel": {
+        "pac-a10": FpgaModel("Intel PAC Arria 10 GX", INTEL, 0x09C4, 0x120000, "dfl-pci", "dfl",
+                             1, "d8424dc4a4a3c413f89e433683f9040b", "0x123402506c1a"),
+        "pac-n3000": FpgaModel("Intel PAC N3000", INTEL, 0x0B30, 0x120000, "dfl-pci", "dfl",
+                               1, "9aeffe5f84570612c76a4cfb7a6f7e4f", "0x2300011001030f"),
+        "pac-d5005": FpgaModel("Intel PAC D5005", INTEL, 0x0B2B, 0x120000, "dfl-pci", "dfl",
+                               1, "a4f8a2c0f3a14b6d8bd5c7a1b0e6f9d2", "0x2300011001040f"),
+    },
+    "xilinx": {
+        "alveo-u250": FpgaModel("Xilinx Alveo U250", XILINX, 0x5004, 0x120000, "xclmgmt",
+                                "generic", 1, "", ""),
+        "alveo-u200": FpgaModel("Xilinx Alveo U200", XILINX, 0x5000, 0x120000, "xclmgmt",
+                                "generic", 1, "", ""),
+    },
+}
+
+# Root ports and switch ports the builder places above devices (Intel Sapphire Rapids
+# root port, Broadcom PEX switch ports): plausible, real IDs.
+ROOT_PORT = (INTEL, 0x352A)
+SWITCH_UPSTREAM = (0x1000, 0xC030)
+SWITCH_DOWNSTREAM = (0x1000, 0xC030)
+BRIDGE_CLASS = 0x060400

@@ -1,0 +1,254 @@
+"""The profile as written: pydantic models that check types, ranges and unknown keys.
+
+This is the single definition of the format: the loader validates against it and the
+JSON Schema (``sandbox schema``) is generated from it. Cross-field rules (a NUMA node
+exists, CPU lists don't overlap, VFs fit...) live in ``checks``; filling in defaults
+(PCI addresses, CPU lists, serials...) lives in ``resolve``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+)
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "hwsandbox.dev"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+KIND = "HardwareProfile"
+
+_UNITS = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}
+_QUANTITY = re.compile(r"^([0-9]+)\s*(k|M|G|T|Ki|Mi|Gi|Ti)?$")
+
+
+def parse_quantity(value: Any) -> Any:
+    """``80Gi`` -> bytes; integers pass through; anything else is left for pydantic."""
+    if isinstance(value, str):
+        m = _QUANTITY.match(value.strip())
+        if not m:
+            raise ValueError(f"{value!r} is not a quantity (like 512Mi, 80Gi, 1Ti or bytes)")
+        return int(m.group(1)) * _UNITS[m.group(2) or ""]
+    return value
+
+
+Quantity = Annotated[
+    int,
+    BeforeValidator(parse_quantity),
+    Field(ge=0),
+    WithJsonSchema({
+        "anyOf": [
+            {"type": "integer", "minimum": 0},
+            {"type": "string", "pattern": r"^[0-9]+\s*(k|M|G|T|Ki|Mi|Gi|Ti)?$"},
+        ],
+        "description": "bytes, or a quantity such as 512Mi, 80Gi, 1Ti",
+    }),
+]
+
+
+def _hex_or_int(value: Any) -> Any:
+    if isinstance(value, str) and re.fullmatch(r"0[xX][0-9a-fA-F]+", value.strip()):
+        return int(value.strip(), 16)
+    return value
+
+
+def HexInt(maximum: int) -> Any:  # noqa: N802 - reads like a type in field declarations
+    return Annotated[
+        int,
+        BeforeValidator(_hex_or_int),
+        Field(ge=0, le=maximum),
+        WithJsonSchema({
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": maximum},
+                {"type": "string", "pattern": "^0[xX][0-9a-fA-F]+$"},
+            ]
+        }),
+    ]
+
+
+Count = Annotated[int, Field(ge=1, le=4096)]
+Name = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+PciAddress = Annotated[
+    str, Field(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$")
+]
+Health = Literal["healthy", "unhealthy"]
+HealthReason = Literal["aer-fatal", "link-down", "port-down", "removed"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        strict=False,
+    )
+
+
+class Metadata(Strict):
+    name: Name
+    description: str = ""
+
+
+class Cpu(Strict):
+    sockets: Annotated[int, Field(ge=1, le=16)] = 1
+    cores_per_socket: Annotated[int, Field(ge=1, le=512)] = 4
+    threads_per_core: Annotated[int, Field(ge=1, le=8)] = 1
+    vendor: str = "GenuineIntel"
+    model: str = "Intel(R) Xeon(R) Platinum 8480+"
+    family: Annotated[int, Field(ge=0)] = 6
+    model_number: Annotated[int, Field(ge=0)] = 143
+    mhz: Annotated[int, Field(ge=1)] = 2000
+
+
+class NumaNode(Strict):
+    id: Annotated[int, Field(ge=0, le=1023)]
+    cpus: str | None = Field(None, description="cpulist like 0-15,32-47; derived if omitted")
+    memory: Quantity | None = None
+    hugepages: dict[str, Annotated[int, Field(ge=0)]] = Field(
+        default_factory=dict, description="page size (2Mi, 1Gi) -> number of pages"
+    )
+
+
+class Numa(Strict):
+    nodes: list[NumaNode] | None = None
+    distances: list[list[int]] | None = Field(
+        None, description="distance matrix; default 10 local, 21 remote"
+    )
+
+
+class HostBridge(Strict):
+    domain: HexInt(0xFFFF) = 0  # type: ignore[valid-type]
+    bus: HexInt(0xFF)  # type: ignore[valid-type]
+    numa_node: Annotated[int, Field(ge=0)]
+
+
+class Switch(Strict):
+    name: Name
+    numa_node: Annotated[int, Field(ge=0)]
+
+
+class Pci(Strict):
+    host_bridges: list[HostBridge] | None = Field(
+        None, description="one per NUMA node by default"
+    )
+    switches: list[Switch] = Field(default_factory=list)
+
+
+class DeviceBase(Strict):
+    count: Count = 1
+    numa_node: Annotated[int, Field(ge=0)] = 0
+    name: Name | None = Field(None, description="id prefix; default the device type")
+    pci_addresses: list[PciAddress] | None = Field(
+        None, description="one per device; assigned deterministically if omitted"
+    )
+    switch: Name | None = Field(None, description="place the devices behind this PCI switch")
+    health: Health = "healthy"
+    health_reason: HealthReason | None = None
+
+
+class PartitionProfile(Strict):
+    name: Annotated[str, Field(pattern=r"^[0-9a-z][0-9a-z.+-]*$")]
+    memory_slices: Annotated[int, Field(ge=1)]
+    compute_slices: Annotated[int, Field(ge=1)]
+    memory: Quantity | None = Field(None, description="default: share of the device memory")
+
+
+class Partitions(Strict):
+    memory_slices: Annotated[int, Field(ge=1, le=64)] | None = None
+    compute_slices: Annotated[int, Field(ge=1, le=64)] | None = None
+    profiles: list[PartitionProfile] = Field(min_length=1)
+    modes: list[Literal["mig", "vgpu"]] = Field(default_factory=lambda: ["mig"])  # type: ignore[arg-type]
+
+
+class Sriov(Strict):
+    total_vfs: Annotated[int, Field(ge=0, le=256)] | None = Field(None, alias="totalVFs")
+    num_vfs: Annotated[int, Field(ge=0, le=256)] = Field(0, alias="numVFs")
+
+
+class Gpu(DeviceBase):
+    type: Literal["gpu"]
+    vendor: Literal["nvidia", "amd", "intel"]
+    model: str
+    memory: Quantity | None = None
+    partitions: Partitions | None = None
+    sriov: Sriov | None = Field(None, description="SR-IOV VFs (Intel Flex/Max GPUs)")
+
+
+class Nic(DeviceBase):
+    type: Literal["nic"]
+    vendor: Literal["mellanox", "intel"]
+    model: str
+    ports: Annotated[int, Field(ge=1, le=4)] = 1
+    speed: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Mb/s per port, as /sys/class/net/*/speed"
+    )
+    mac_base: Annotated[str, Field(pattern=r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")] | None = None
+    sriov: Sriov | None = None
+    link_layer: Literal["ethernet", "infiniband"] = "ethernet"
+    rdma: bool | None = Field(None, description="default: true where the model supports it")
+
+
+class Fpga(DeviceBase):
+    type: Literal["fpga"]
+    vendor: Literal["intel", "xilinx"]
+    model: str
+    ports: Annotated[int, Field(ge=1, le=8)] | None = None
+    afu_ids: list[Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]] | None = None
+
+
+class DevNode(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*$")]
+    major: Annotated[int, Field(ge=0, le=4095)]
+    minor: Annotated[int, Field(ge=0, le=1048575)]
+
+
+class Generic(DeviceBase):
+    type: Literal["generic"]
+    vendor_id: HexInt(0xFFFF)  # type: ignore[valid-type]
+    device_id: HexInt(0xFFFF)  # type: ignore[valid-type]
+    class_code: HexInt(0xFFFFFF)  # type: ignore[valid-type]
+    model: str = "generic PCI device"
+    driver: str | None = None
+    dev_nodes: list[DevNode] = Field(
+        default_factory=list,
+        description="per device; '{i}' in a name is replaced by the device index",
+    )
+
+
+Device = Annotated[Gpu | Nic | Fpga | Generic, Field(discriminator="type")]
+
+
+class Kubelet(Strict):
+    topology_manager_policy: Literal[
+        "none", "best-effort", "restricted", "single-numa-node"
+    ] = "best-effort"
+
+
+class Node(Strict):
+    name: Name
+    count: Annotated[int, Field(ge=1, le=64)] = 1
+    role: Literal["control-plane", "worker"] = "worker"
+    labels: dict[str, str] = Field(default_factory=dict)
+    kubelet: Kubelet = Field(default_factory=Kubelet)
+    cpu: Cpu = Field(default_factory=Cpu)
+    memory: Quantity | None = Field(None, description="total; default 16Gi per NUMA node")
+    numa: Numa = Field(default_factory=lambda: Numa())
+    pci: Pci = Field(default_factory=lambda: Pci())
+    devices: list[Device] = Field(default_factory=list)
+
+
+class Profile(Strict):
+    api_version: Literal["hwsandbox.dev/v1alpha1"]
+    kind: Literal["HardwareProfile"]
+    metadata: Metadata
+    nodes: list[Node] = Field(min_length=1)

@@ -1,0 +1,81 @@
+"""Human and machine views of a resolved cluster (``sandbox show``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from sandbox.profile.cpulist import format_cpulist
+from sandbox.profile.resolve import Cluster, DeviceSpec, NodeSpec
+from sandbox.textui import size, table
+
+
+def describe_device(d: DeviceSpec) -> str:
+    extra = ""
+    if d.gpu is not None:
+        extra = size(d.gpu.memory)
+        if d.gpu.partitions:
+            extra += f", partitions {'/'.join(p.name for p in d.gpu.partitions.profiles)}"
+    elif d.nic is not None:
+        extra = f"{d.nic.ports}x{d.nic.speed // 1000}G {d.nic.link_layer}"
+        if d.nic.total_vfs:
+            extra += f", VFs {d.nic.num_vfs}/{d.nic.total_vfs}"
+        if d.nic.rdma:
+            extra += ", RDMA"
+    elif d.fpga is not None:
+        extra = f"{d.fpga.flavor}, {d.fpga.ports} port(s)"
+    elif d.generic is not None and d.generic.dev_nodes:
+        extra = ", ".join("/dev/" + n.name for n in d.generic.dev_nodes)
+    return extra
+
+
+def node_text(node: NodeSpec) -> str:
+    c = node.cpu
+    out = [
+        f"node {node.name}  ({node.role}; topology manager: {node.topology_manager_policy})",
+        f"  CPU     {c.sockets} socket(s) x {c.cores_per_socket} cores x {c.threads_per_core} "
+        f"threads = {len(node.cpus)} CPUs, {c.vendor} {c.model}",
+        f"  memory  {size(node.memory)} in {len(node.numa)} NUMA node(s)",
+    ]
+    if node.labels:
+        out.append("  labels  " + ", ".join(f"{k}={v}" for k, v in node.labels))
+    for numa in node.numa:
+        pages = ", ".join(f"{kb}kB x {n}" for kb, n in numa.hugepages) or "none"
+        out.append("")
+        out.append(
+            f"  NUMA {numa.id}  CPUs {format_cpulist(numa.cpus) or '-'}  memory "
+            f"{size(numa.memory)}  hugepages {pages}  distances {list(numa.distances)}"
+        )
+        rows = [
+            (d.id, d.kind, d.model_name, describe_device(d), d.address,
+             d.health + (f" ({d.health_reason})" if d.health != "healthy" else ""))
+            for d in node.devices
+            if d.numa_node == numa.id
+        ]
+        if rows:
+            out.append(table(("ID", "TYPE", "MODEL", "DETAILS", "PCI ADDRESS", "HEALTH"),
+                             rows, indent="    "))
+        else:
+            out.append("    (no devices)")
+    return "\n".join(out)
+
+
+def cluster_text(cluster: Cluster) -> str:
+    head = f"profile {cluster.name}" + (f": {cluster.description}" if cluster.description else "")
+    return "\n\n".join([head, *(node_text(n) for n in cluster.nodes)]) + "\n"
+
+
+def cluster_data(cluster: Cluster) -> dict[str, Any]:
+    """The fully defaulted cluster as plain data (for --output json|yaml)."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if k != "source"}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    data: dict[str, Any] = clean(dataclasses.asdict(cluster))
+    for node in data["nodes"]:
+        node["labels"] = dict(node["labels"])
+    return data
