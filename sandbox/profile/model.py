@@ -207,7 +207,7 @@ class Fpga(DeviceBase):
 
 
 class DevNode(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*$")]
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+{}-]+(/[A-Za-z0-9_.+{}-]+)*$")]
     major: Annotated[int, Field(ge=0, le=4095)]
     minor: Annotated[int, Field(ge=0, le=1048575)]
 

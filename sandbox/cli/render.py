@@ -1,0 +1,48 @@
+"""`sandbox render PROFILE --node NAME --out DIR`: write one node's fake root to a directory."""
+
+from __future__ import annotations
+
+import argparse
+
+from sandbox.errors import RenderError
+from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.render import render
+from sandbox.profile import load_profile
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "render",
+        help="write a node's fake /sys, /dev and /proc to a directory",
+        description="Build the fake root of one node of PROFILE and write it under DIR "
+        "(DIR/sys, DIR/dev, DIR/proc). Device nodes are real character devices with "
+        "--mknod as root, otherwise empty placeholders listed in DIR/dev/.devices.",
+    )
+    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("--node", metavar="NAME",
+                   help="node (replica) name; may be omitted when the profile has one node")
+    p.add_argument("--index", type=int, metavar="I", help="replica index of a counted node")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
+    p.add_argument("--mknod", action="store_true", help="create real device nodes (root)")
+    p.add_argument("--force", action="store_true", help="write into a non-empty directory")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    cluster = load_profile(args.profile).cluster
+    names = ", ".join(n.name for n in cluster.nodes)
+    if args.node is None:
+        if len(cluster.nodes) != 1:
+            raise RenderError(f"{args.profile} has several nodes; pick one with --node ({names})")
+        node = cluster.nodes[0]
+    else:
+        found = cluster.node(args.node, args.index)
+        if found is None:
+            which = args.node if args.index is None else f"{args.node} index {args.index}"
+            raise RenderError(f"no node {which} in {args.profile} (nodes: {names})")
+        node = found
+    stats = render(build_tree(node), args.out, mknod=args.mknod, force=args.force)
+    kind = "device nodes" if stats.mknod else "device placeholders (see dev/.devices)"
+    print(f"rendered node {node.name} to {args.out}: {stats.files} files, {stats.links} "
+          f"links, {stats.dirs} directories, {stats.devices} {kind}")
+    return 0

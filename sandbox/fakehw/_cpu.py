@@ -1,0 +1,303 @@
+"""CPUs, NUMA nodes and memory: ``sys/devices/system/{cpu,node}``, ``proc/cpuinfo``,
+``proc/meminfo`` — what hwloc, lscpu and numactl read (Documentation/ABI/stable/
+sysfs-devices-node, Documentation/ABI/testing/sysfs-devices-system-cpu,
+Documentation/admin-guide/cputopology.rst)."""
+
+from __future__ import annotations
+
+from sandbox.fakehw._common import RW, Ctx, kernel_mask
+from sandbox.profile.cpulist import format_cpulist
+from sandbox.profile.resolve import LogicalCpu, NodeSpec
+
+CPU = "sys/devices/system/cpu"
+NODE = "sys/devices/system/node"
+KiB = 1024
+# Hugepage sizes an x86-64 kernel always lists, whether or not the profile reserves any.
+DEFAULT_HUGEPAGE_KB = (2048, 1048576)
+
+_INTEL_FLAGS = (
+    "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush dts "
+    "acpi mmx fxsr sse sse2 ss ht tm pbe syscall nx pdpe1gb rdtscp lm constant_tsc art "
+    "arch_perfmon pebs bts rep_good nopl xtopology nonstop_tsc cpuid aperfmperf pni "
+    "pclmulqdq dtes64 monitor ds_cpl vmx smx est tm2 ssse3 sdbg fma cx16 xtpr pdcm pcid dca "
+    "sse4_1 sse4_2 x2apic movbe popcnt tsc_deadline_timer aes xsave avx f16c rdrand lahf_lm "
+    "abm 3dnowprefetch cpuid_fault epb cat_l3 cat_l2 cdp_l3 ssbd mba ibrs ibpb stibp "
+    "ibrs_enhanced fsgsbase tsc_adjust bmi1 hle avx2 smep bmi2 erms invpcid rtm cqm rdt_a "
+    "avx512f avx512dq rdseed adx smap avx512ifma clflushopt clwb intel_pt avx512cd sha_ni "
+    "avx512bw avx512vl xsaveopt xsavec xgetbv1 xsaves avx_vnni avx512_bf16 wbnoinvd dtherm "
+    "ida arat pln pts avx512vbmi umip pku ospke waitpkg avx512_vbmi2 gfni vaes vpclmulqdq "
+    "avx512_vnni avx512_bitalg tme avx512_vpopcntdq la57 rdpid bus_lock_detect cldemote "
+    "movdiri movdir64b enqcmd fsrm md_clear serialize tsxldtrk pconfig arch_lbr amx_bf16 "
+    "avx512_fp16 amx_tile amx_int8 flush_l1d arch_capabilities"
+)
+_AMD_FLAGS = (
+    "fpu vme de pse tsc msr pae mce cx8 apic sep mtrr pge mca cmov pat pse36 clflush mmx fxsr "
+    "sse sse2 ht syscall nx mmxext fxsr_opt pdpe1gb rdtscp lm constant_tsc rep_good nopl "
+    "nonstop_tsc cpuid extd_apicid aperfmperf rapl pni pclmulqdq monitor ssse3 fma cx16 pcid "
+    "sse4_1 sse4_2 x2apic movbe popcnt aes xsave avx f16c rdrand lahf_lm cmp_legacy svm "
+    "extapic cr8_legacy abm sse4a misalignsse 3dnowprefetch osvw ibs skinit wdt tce topoext "
+    "perfctr_core perfctr_nb bpext perfctr_llc mwaitx cpb cat_l3 cdp_l3 invpcid_single hw_pstate "
+    "ssbd mba ibrs ibpb stibp vmmcall fsgsbase bmi1 avx2 smep bmi2 erms invpcid cqm rdt_a "
+    "avx512f avx512dq rdseed adx smap avx512ifma clflushopt clwb avx512cd sha_ni avx512bw "
+    "avx512vl xsaveopt xsavec xgetbv1 xsaves cqm_llc cqm_occup_llc cqm_mbm_total "
+    "cqm_mbm_local avx512_bf16 clzero irperf xsaveerptr rdpru wbnoinvd amd_ppin cppc arat npt "
+    "lbrv svm_lock nrip_save tsc_scale vmcb_clean flushbyasid decodeassists pausefilter "
+    "pfthreshold avic v_vmsave_vmload vgif x2avic v_spec_ctrl vnmi avx512vbmi umip pku ospke "
+    "avx512_vbmi2 gfni vaes vpclmulqdq avx512_vnni avx512_bitalg avx512_vpopcntdq la57 rdpid "
+    "overflow_recov succor smca fsrm flush_l1d"
+)
+
+
+def _bits(n: int) -> int:
+    return max(0, (n - 1).bit_length())
+
+
+def _caches(node: NodeSpec) -> list[tuple[int, str, int, int, str]]:
+    """(level, type, size KiB, ways, sharing) per cache index: 'core' or 'package' scope."""
+    cores = node.cpu.cores_per_socket
+    return [
+        (1, "Data", 48, 12, "core"),
+        (1, "Instruction", 32, 8, "core"),
+        (2, "Unified", 2048, 16, "core"),
+        (3, "Unified", max(1, cores) * 1920, 15, "package"),
+    ]
+
+
+def add_cpus(ctx: Ctx) -> None:
+    node = ctx.node
+    n = ctx.ncpus
+    spec = node.cpu
+    all_list = format_cpulist(range(n))
+    ctx.files(
+        CPU,
+        {
+            "possible": f"{all_list}\n",
+            "present": f"{all_list}\n",
+            "online": f"{all_list}\n",
+            "offline": "\n",
+            "isolated": "\n",
+            "kernel_max": "8191\n",
+            "modalias": "cpu:type:x86,ven0000fam0006mod008F:feature:\n",
+        },
+    )
+    smt = "1" if spec.threads_per_core > 1 else "0"
+    ctx.files(
+        f"{CPU}/smt", {"active": f"{smt}\n", "control": "on\n" if smt == "1" else "notsupported\n"}
+    )
+    by_core: dict[tuple[int, int], list[int]] = {}
+    by_socket: dict[int, list[int]] = {}
+    for c in node.cpus:
+        by_core.setdefault((c.socket, c.core), []).append(c.id)
+        by_socket.setdefault(c.socket, []).append(c.id)
+    # Per-sibling-set strings, formatted once and shared by every CPU in the set.
+    core_fmt = {k: (kernel_mask(v, n), format_cpulist(v)) for k, v in by_core.items()}
+    pkg_fmt = {k: (kernel_mask(v, n), format_cpulist(v)) for k, v in by_socket.items()}
+    caches = _caches(node)
+    cores = spec.cores_per_socket
+    for c in node.cpus:
+        base = f"{CPU}/cpu{c.id}"
+        tmask, tlist = core_fmt[(c.socket, c.core)]
+        pmask, plist = pkg_fmt[c.socket]
+        ctx.files(
+            f"{base}/topology",
+            {
+                "physical_package_id": f"{c.socket}\n",
+                "die_id": "0\n",
+                "cluster_id": f"{c.socket * cores + c.core}\n",
+                "core_id": f"{c.core}\n",
+                "thread_siblings": f"{tmask}\n",
+                "thread_siblings_list": f"{tlist}\n",
+                "core_cpus": f"{tmask}\n",
+                "core_cpus_list": f"{tlist}\n",
+                "cluster_cpus": f"{tmask}\n",
+                "cluster_cpus_list": f"{tlist}\n",
+                "core_siblings": f"{pmask}\n",
+                "core_siblings_list": f"{plist}\n",
+                "die_cpus": f"{pmask}\n",
+                "die_cpus_list": f"{plist}\n",
+                "package_cpus": f"{pmask}\n",
+                "package_cpus_list": f"{plist}\n",
+            },
+        )
+        for i, (level, ctype, size, ways, scope) in enumerate(caches):
+            smask, slist = (tmask, tlist) if scope == "core" else (pmask, plist)
+            cid = c.socket if scope == "package" else c.socket * cores + c.core
+            ctx.files(
+                f"{base}/cache/index{i}",
+                {
+                    "level": f"{level}\n",
+                    "type": f"{ctype}\n",
+                    "size": f"{size}K\n",
+                    "ways_of_associativity": f"{ways}\n",
+                    "number_of_sets": f"{size * 1024 // (ways * 64)}\n",
+                    "coherency_line_size": "64\n",
+                    "physical_line_partition": "1\n",
+                    "shared_cpu_map": f"{smask}\n",
+                    "shared_cpu_list": f"{slist}\n",
+                    "id": f"{cid}\n",
+                },
+            )
+        if c.id:
+            ctx.file(f"{base}/online", "1\n", RW)
+        ctx.link(f"{base}/node{c.numa_node}", f"{NODE}/node{c.numa_node}")
+    ctx.file("proc/cpuinfo", _cpuinfo(node, caches[3][2]))
+
+
+def _apic(c: LogicalCpu, node: NodeSpec) -> int:
+    tbits = _bits(node.cpu.threads_per_core)
+    cbits = _bits(node.cpu.cores_per_socket)
+    return (c.socket << (tbits + cbits)) | (c.core << tbits) | c.thread
+
+
+def _cpuinfo(node: NodeSpec, l3_kb: int) -> str:
+    spec = node.cpu
+    amd = "AMD" in spec.vendor
+    flags = _AMD_FLAGS if amd else _INTEL_FLAGS
+    siblings = spec.cores_per_socket * spec.threads_per_core
+    head = (
+        f"vendor_id\t: {spec.vendor}\n"
+        f"cpu family\t: {spec.family}\n"
+        f"model\t\t: {spec.model_number}\n"
+        f"model name\t: {spec.model}\n"
+        "stepping\t: 8\n"
+        "microcode\t: 0x2b000571\n"
+        f"cpu MHz\t\t: {spec.mhz}.000\n"
+        f"cache size\t: {l3_kb} KB\n"
+    )
+    tail = (
+        "fpu\t\t: yes\nfpu_exception\t: yes\ncpuid level\t: 32\nwp\t\t: yes\n"
+        f"flags\t\t: {flags}\n"
+        "bugs\t\t: spectre_v1 spectre_v2 spec_store_bypass swapgs\n"
+        f"bogomips\t: {spec.mhz * 2}.00\n"
+        "clflush size\t: 64\ncache_alignment\t: 64\n"
+        "address sizes\t: 46 bits physical, 57 bits virtual\npower management:\n\n"
+    )
+    out: list[str] = []
+    for c in sorted(node.cpus, key=lambda x: x.id):
+        apic = _apic(c, node)
+        out.append(
+            f"processor\t: {c.id}\n{head}"
+            f"physical id\t: {c.socket}\nsiblings\t: {siblings}\ncore id\t\t: {c.core}\n"
+            f"cpu cores\t: {spec.cores_per_socket}\napicid\t\t: {apic}\n"
+            f"initial apicid\t: {apic}\n{tail}"
+        )
+    return "".join(out)
+
+
+def _hugepages(pages: tuple[tuple[int, int], ...]) -> dict[int, int]:
+    out = dict.fromkeys(DEFAULT_HUGEPAGE_KB, 0)
+    out.update(dict(pages))
+    return out
+
+
+def _kb_line(label: str, kb: int) -> str:
+    return f"{label + ':':<16}{kb:>8} kB\n"
+
+
+def add_numa(ctx: Ctx) -> None:
+    node = ctx.node
+    ids = [n.id for n in node.numa]
+    all_nodes = format_cpulist(ids)
+    with_cpus = format_cpulist([n.id for n in node.numa if n.cpus])
+    ctx.files(
+        NODE,
+        {
+            "possible": f"{all_nodes}\n",
+            "online": f"{all_nodes}\n",
+            "has_cpu": f"{with_cpus}\n",
+            "has_normal_memory": f"{all_nodes}\n",
+            "has_memory": f"{all_nodes}\n",
+            "has_generic_initiator": "\n",
+        },
+    )
+    total_kb = free_kb = 0
+    huge_total: dict[int, int] = {}
+    for n in node.numa:
+        base = f"{NODE}/node{n.id}"
+        mem_kb = n.memory // KiB
+        pages = _hugepages(n.hugepages)
+        huge_kb = sum(kb * count for kb, count in pages.items())
+        used_kb = min(mem_kb // 64, 4 * 1024 * 1024)
+        free = max(0, mem_kb - huge_kb - used_kb)
+        total_kb += mem_kb
+        free_kb += free
+        for kb, count in pages.items():
+            huge_total[kb] = huge_total.get(kb, 0) + count
+        mask = kernel_mask(n.cpus, ctx.ncpus)
+        default_pages = pages.get(2048, 0)
+        p = f"Node {n.id} "
+        meminfo = (
+            f"{p}MemTotal:       {mem_kb:8d} kB\n"
+            f"{p}MemFree:        {free:8d} kB\n"
+            f"{p}MemUsed:        {mem_kb - free:8d} kB\n"
+            f"{p}Active:         {used_kb // 2:8d} kB\n"
+            f"{p}Inactive:       {used_kb // 4:8d} kB\n"
+            f"{p}Dirty:          {0:8d} kB\n"
+            f"{p}FilePages:      {used_kb // 2:8d} kB\n"
+            f"{p}AnonPages:      {used_kb // 4:8d} kB\n"
+            f"{p}Slab:           {used_kb // 8:8d} kB\n"
+            f"{p}HugePages_Total: {default_pages:5d}\n"
+            f"{p}HugePages_Free:  {default_pages:5d}\n"
+            f"{p}HugePages_Surp:  {0:5d}\n"
+        )
+        ctx.files(
+            base,
+            {
+                "cpumap": f"{mask}\n",
+                "cpulist": f"{format_cpulist(n.cpus)}\n",
+                "meminfo": meminfo,
+                "distance": " ".join(str(d) for d in n.distances) + "\n",
+                "numastat": "numa_hit 0\nnuma_miss 0\nnuma_foreign 0\ninterleave_hit 0\n"
+                "local_node 0\nother_node 0\n",
+            },
+        )
+        for kb, count in sorted(pages.items()):
+            ctx.files(
+                f"{base}/hugepages/hugepages-{kb}kB",
+                {
+                    "free_hugepages": f"{count}\n",
+                    "surplus_hugepages": "0\n",
+                },
+            )
+            ctx.file(f"{base}/hugepages/hugepages-{kb}kB/nr_hugepages", f"{count}\n", RW)
+        for cpu in n.cpus:
+            ctx.link(f"{base}/cpu{cpu}", f"{CPU}/cpu{cpu}")
+    huge_tlb_kb = sum(kb * c for kb, c in huge_total.items())
+    default = huge_total.get(2048, 0)
+    cached = min(total_kb // 32, 8 * 1024 * 1024)
+    lines = [
+        _kb_line("MemTotal", total_kb),
+        _kb_line("MemFree", free_kb),
+        _kb_line("MemAvailable", free_kb + cached),
+        _kb_line("Buffers", cached // 8),
+        _kb_line("Cached", cached),
+        _kb_line("SwapCached", 0),
+        _kb_line("Active", cached // 2),
+        _kb_line("Inactive", cached // 4),
+        _kb_line("SwapTotal", 0),
+        _kb_line("SwapFree", 0),
+        _kb_line("Dirty", 0),
+        _kb_line("AnonPages", cached // 4),
+        _kb_line("Shmem", 0),
+        _kb_line("Slab", cached // 8),
+        _kb_line("CommitLimit", (total_kb - huge_tlb_kb) // 2),
+        _kb_line("AnonHugePages", 0),
+        f"{'HugePages_Total:':<16}{default:>8}\n",
+        f"{'HugePages_Free:':<16}{default:>8}\n",
+        f"{'HugePages_Rsvd:':<16}{0:>8}\n",
+        f"{'HugePages_Surp:':<16}{0:>8}\n",
+        _kb_line("Hugepagesize", 2048),
+        _kb_line("Hugetlb", huge_tlb_kb),
+    ]
+    ctx.file("proc/meminfo", "".join(lines))
+    for kb, count in sorted(huge_total.items()):
+        ctx.files(
+            f"sys/kernel/mm/hugepages/hugepages-{kb}kB",
+            {
+                "nr_hugepages": f"{count}\n",
+                "free_hugepages": f"{count}\n",
+                "resv_hugepages": "0\n",
+                "surplus_hugepages": "0\n",
+                "nr_overcommit_hugepages": "0\n",
+            },
+        )

@@ -1,0 +1,392 @@
+"""PCI: every function's directory under ``sys/devices/pciDDDD:BB/...`` nested by its
+parent bridges, ``sys/bus/pci/{devices,drivers}``, ``sys/module/<mod>/drivers``,
+``sys/kernel/iommu_groups`` and SR-IOV virtual functions (Documentation/ABI/testing/
+sysfs-bus-pci, sysfs-kernel-iommu_groups, sysfs-bus-pci-devices-aer_stats).
+
+``plan_pci`` lays out the node once — every bridge, physical function and POSSIBLE
+virtual function with its directory, ordinal and bridge bus ranges — independent of the
+devices' runtime states, so a bridge's config space never changes when a device below it
+is unplugged or VFs are toggled. ``add_pci`` then writes what is present.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from sandbox.fakehw._common import RW, WO, Ctx, fault, make_file, present
+from sandbox.fakehw.tree import File, Reason
+from sandbox.profile.resolve import DeviceSpec, NodeSpec, PciFunction
+
+DEVICES = "sys/bus/pci/devices"
+DRIVERS = "sys/bus/pci/drivers"
+GROUPS = "sys/kernel/iommu_groups"
+BRIDGE_CLASS = 0x060400
+
+# Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats; names and order from
+# drivers/pci/pcie/aer.c (aer_correctable_error_string / aer_uncorrectable_error_string).
+AER_CORRECTABLE = (
+    "RxErr",
+    "BadTLP",
+    "BadDLLP",
+    "Rollover",
+    "Timeout",
+    "NonFatalErr",
+    "CorrIntErr",
+    "HeaderOF",
+)
+AER_UNCORRECTABLE = (
+    "Undefined",
+    "DLP",
+    "SDES",
+    "TLP",
+    "FCP",
+    "CmpltTO",
+    "CmpltAbrt",
+    "UnxCmplt",
+    "RxOF",
+    "MalfTLP",
+    "ECRC",
+    "UnsupReq",
+    "ACSViol",
+    "UncorrIntErr",
+    "BlockedTLP",
+    "AtomicOpBlocked",
+    "TLPBlockedErr",
+    "PoisonTLPBlocked",
+)
+
+_SPEED_CODE = {
+    "2.5 GT/s PCIe": 1,
+    "5.0 GT/s PCIe": 2,
+    "8.0 GT/s PCIe": 3,
+    "16.0 GT/s PCIe": 4,
+    "32.0 GT/s PCIe": 5,
+    "64.0 GT/s PCIe": 6,
+}
+# Drivers built into Debian's kernel: no sys/module/<mod>/drivers entry is needed.
+BUILTIN_DRIVERS = frozenset({"pcieport"})
+
+
+def _aer(names: tuple[str, ...], total: str, counts: dict[str, int]) -> str:
+    lines = [f"{n} {counts.get(n, 0)}\n" for n in names]
+    lines.append(f"TOTAL_{total} {sum(counts.values())}\n")
+    return "".join(lines)
+
+
+AER_COR_CLEAN = _aer(AER_CORRECTABLE, "ERR_COR", {})
+AER_NONFATAL_CLEAN = _aer(AER_UNCORRECTABLE, "ERR_NONFATAL", {})
+AER_FATAL_CLEAN = _aer(AER_UNCORRECTABLE, "ERR_FATAL", {})
+# A fatal error (aer-fatal): an uncorrectable internal error; a surprise link down
+# (link-down on a non-network device) is reported as SDES, "Surprise Down Error".
+AER_FATAL_INTERNAL = _aer(AER_UNCORRECTABLE, "ERR_FATAL", {"UncorrIntErr": 1})
+AER_FATAL_SURPRISE_DOWN = _aer(AER_UNCORRECTABLE, "ERR_FATAL", {"SDES": 1})
+
+
+def module_of(driver: str) -> str:
+    return driver.replace("-", "_")
+
+
+@dataclass
+class PciPlan:
+    """Every PCI function the node can ever show, in address order."""
+
+    functions: list[PciFunction] = field(default_factory=list)
+    owner: dict[str, str] = field(default_factory=dict)  # endpoint/VF address -> device id
+    physfn: dict[str, str] = field(default_factory=dict)  # VF address -> PF address
+    vf_index: dict[str, int] = field(default_factory=dict)  # VF address -> N of virtfnN
+    paths: dict[str, str] = field(default_factory=dict)  # address -> sys/devices/... dir
+    buses: dict[str, tuple[int, int]] = field(default_factory=dict)  # bridge -> (sec, sub)
+    ordinal: dict[str, int] = field(default_factory=dict)
+    multifunction: set[tuple[int, int, int]] = field(default_factory=set)
+    drivers: set[str] = field(default_factory=set)
+    pf_vfs: dict[str, list[str]] = field(default_factory=dict)  # PF -> all its VF addresses
+    port_type: dict[str, int] = field(default_factory=dict)  # bridge -> PCIe port type
+    vf_device: dict[str, int] = field(default_factory=dict)  # PF -> its VFs' device id
+
+
+@dataclass(frozen=True)
+class VfInfo:
+    """A device's SR-IOV layout: per physical function, every possible VF."""
+
+    total: int  # sriov_totalvfs of each PF
+    enabled: int  # the profile's numVFs
+    addresses: tuple[tuple[str, ...], ...]
+    groups: tuple[tuple[int, ...], ...]
+    device_id: int | None  # None: the PF's own device id (Intel GPUs)
+    driver: str | None  # None: the PF's driver
+
+
+def vf_info(dev: DeviceSpec) -> VfInfo | None:
+    if dev.nic is not None and dev.nic.total_vfs:
+        n = dev.nic
+        return VfInfo(n.total_vfs, n.num_vfs, n.vf_addresses, n.vf_iommu_groups,
+                      n.vf_device_id, n.vf_driver)
+    if dev.gpu is not None and dev.gpu.total_vfs:
+        g = dev.gpu
+        return VfInfo(g.total_vfs, g.num_vfs, (g.vf_addresses,), (g.vf_iommu_groups,),
+                      None, None)
+    return None
+
+
+def plan_pci(node: NodeSpec) -> PciPlan:
+    plan = PciPlan()
+    fns: list[PciFunction] = list(node.bridges)
+    for dev in node.devices:
+        for f in dev.functions:
+            plan.owner[f.address] = dev.id
+            fns.append(f)
+        info = vf_info(dev)
+        if info is None:
+            continue
+        for p, pf in enumerate(dev.functions):
+            vfs = info.addresses[p] if p < len(info.addresses) else ()
+            groups = info.groups[p] if p < len(info.groups) else ()
+            plan.pf_vfs[pf.address] = list(vfs)
+            plan.vf_device[pf.address] = pf.device_id if info.device_id is None else info.device_id
+            for v, addr in enumerate(vfs):
+                fns.append(PciFunction(
+                    addr, pf.vendor_id,
+                    pf.device_id if info.device_id is None else info.device_id,
+                    pf.subsystem_vendor_id, pf.subsystem_device_id, pf.class_code,
+                    pf.revision, pf.driver if info.driver is None else info.driver,
+                    pf.numa_node, pf.host_bridge, pf.parent,
+                    groups[v] if v < len(groups) else pf.iommu_group,
+                    pf.link_speed, pf.link_width,
+                ))
+                plan.owner[addr] = dev.id
+                plan.physfn[addr] = pf.address
+                plan.vf_index[addr] = v
+    fns.sort(key=lambda f: f.address)
+    plan.functions = fns
+    by_addr = {f.address: f for f in fns}
+    slots: dict[tuple[int, int, int], int] = {}
+    for i, f in enumerate(fns):
+        plan.ordinal[f.address] = i
+        if f.driver:
+            plan.drivers.add(f.driver)
+        if f.address not in plan.physfn:
+            key = (f.domain, f.bus, int(f.address[8:10], 16))
+            slots[key] = slots.get(key, 0) + 1
+
+    def path_of(addr: str) -> str:
+        known = plan.paths.get(addr)
+        if known is not None:
+            return known
+        f = by_addr[addr]
+        parent = f.parent if f.parent in by_addr else None
+        base = path_of(parent) if parent else f"sys/devices/{f.host_bridge}"
+        plan.paths[addr] = p = f"{base}/{addr}"
+        return p
+
+    sec: dict[str, int] = {}
+    sub: dict[str, int] = {}
+    for f in fns:
+        path_of(f.address)
+        if f.parent in by_addr:
+            sec[f.parent] = min(sec.get(f.parent, 0xFF), f.bus)
+            a: str | None = f.parent
+            while a is not None and a in by_addr:
+                sub[a] = max(sub.get(a, 0), f.bus)
+                a = by_addr[a].parent
+    for f in fns:
+        if f.class_code == BRIDGE_CLASS:
+            s = sec.get(f.address, 0)
+            plan.buses[f.address] = (s, max(s, sub.get(f.address, s)))
+            # PCIe port type: a root port hangs off the host bridge, a switch's upstream
+            # port off a root port, its downstream ports off the upstream port.
+            parent = by_addr.get(f.parent) if f.parent else None
+            plan.port_type[f.address] = 4 if parent is None else (5 if parent.parent is None else 6)
+    plan.multifunction = {k for k, v in slots.items() if v > 1}
+    return plan
+
+
+def _config(f: PciFunction, plan: PciPlan, bar: int, irq: int, is_vf: bool) -> bytes:
+    """256 bytes of config space: header, BAR0 and a PCI Express capability at 0x40."""
+    c = bytearray(256)
+    bridge = f.class_code == BRIDGE_CLASS
+    struct.pack_into(
+        "<HHHH", c, 0, f.vendor_id, f.device_id, 0x0406 if not bridge else 0x0407, 0x0010
+    )
+    struct.pack_into("<I", c, 8, f.revision | (f.class_code << 8))
+    slot = (f.domain, f.bus, int(f.address[8:10], 16))
+    header = 1 if bridge else 0
+    if not is_vf and slot in plan.multifunction:
+        header |= 0x80
+    c[0x0C], c[0x0E] = 0x10, header
+    c[0x34] = 0x40
+    c[0x3C], c[0x3D] = irq & 0xFF, 1
+    if bridge:
+        secondary, subordinate = plan.buses.get(f.address, (0, 0))
+        c[0x18], c[0x19], c[0x1A] = f.bus, secondary, subordinate
+        c[0x1C], c[0x1D] = 0xF0, 0x00  # I/O window disabled
+        port_type = plan.port_type.get(f.address, 6)
+    else:
+        struct.pack_into("<II", c, 0x10, (bar & 0xFFFFFFF0) | 0x4, bar >> 32)
+        struct.pack_into("<HH", c, 0x2C, f.subsystem_vendor_id, f.subsystem_device_id)
+        port_type = 0
+    speed = _SPEED_CODE.get(f.link_speed, 4)
+    width = f.link_width
+    c[0x40], c[0x41] = 0x10, 0x00  # PCI Express capability, last in the list
+    struct.pack_into(
+        "<H", c, 0x42, 0x0002 | (port_type << 4) | (0x100 if port_type in (4, 6) else 0)
+    )
+    struct.pack_into("<I", c, 0x44, 0x00008001)  # devcap: 256-byte max payload
+    struct.pack_into("<I", c, 0x4C, speed | (width << 4))  # link capabilities
+    struct.pack_into("<H", c, 0x52, speed | (width << 4) | (0x2000 if port_type else 0))
+    struct.pack_into("<I", c, 0x6C, ((1 << speed) - 1) << 1)  # supported link speeds
+    return bytes(c)
+
+
+def _resource(bar: int, bridge: bool) -> str:
+    zero = "0x0000000000000000 0x0000000000000000 0x0000000000000000\n"
+    if bridge:
+        return zero * 17
+    first = f"0x{bar:016x} 0x{bar + 0xFFFFFF:016x} 0x0000000000140204\n"
+    return first + zero * 12
+
+
+def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str]:
+    """Write every present function; returns address -> directory of what it wrote."""
+    node = ctx.node
+    out: dict[str, str] = {}
+    groups: dict[int, list[str]] = {}
+    for hb in node.host_bridges:
+        ctx.file(f"sys/devices/{hb.name}/uevent", "")
+    for f in plan.functions:
+        addr = f.address
+        owner = plan.owner.get(addr)
+        state = ctx.states[owner] if owner is not None else None
+        if state is not None and not present(state):
+            continue
+        pf = plan.physfn.get(addr)
+        if pf is not None and plan.vf_index[addr] >= vf_counts.get(owner or "", 0):
+            continue
+        path = plan.paths[addr]
+        out[addr] = path
+        ordinal = plan.ordinal[addr]
+        bridge = f.class_code == BRIDGE_CLASS
+        bar = 0x380000000000 + (ordinal << 24)
+        irq = 0 if pf is not None else 24 + ordinal % 200
+        mask, cpulist = ctx.locality.get(f.numa_node, ctx.locality[-1])
+        modalias = (
+            f"pci:v{f.vendor_id:08X}d{f.device_id:08X}sv{f.subsystem_vendor_id:08X}"
+            f"sd{f.subsystem_device_id:08X}bc{f.class_code >> 16:02X}"
+            f"sc{(f.class_code >> 8) & 0xFF:02X}i{f.class_code & 0xFF:02X}"
+        )
+        uevent = (
+            (f"DRIVER={f.driver}\n" if f.driver else "")
+            + f"PCI_CLASS={f.class_code:X}\nPCI_ID={f.vendor_id:04X}:{f.device_id:04X}\n"
+            f"PCI_SUBSYS_ID={f.subsystem_vendor_id:04X}:{f.subsystem_device_id:04X}\n"
+            f"PCI_SLOT_NAME={addr}\nMODALIAS={modalias}\n"
+        )
+        speed, width = f.link_speed, str(f.link_width)
+        fatal = AER_FATAL_CLEAN
+        if state is not None:
+            if fault(state, Reason.AER_FATAL):
+                fatal = AER_FATAL_INTERNAL
+            elif fault(state, Reason.LINK_DOWN) and ctx.kinds.get(owner or "") != "nic":
+                fatal = AER_FATAL_SURPRISE_DOWN
+                speed, width = "Unknown", "0"
+        attrs: dict[str, str | bytes] = {
+            "vendor": f"0x{f.vendor_id:04x}\n",
+            "device": f"0x{f.device_id:04x}\n",
+            "subsystem_vendor": f"0x{f.subsystem_vendor_id:04x}\n",
+            "subsystem_device": f"0x{f.subsystem_device_id:04x}\n",
+            "class": f"0x{f.class_code:06x}\n",
+            "revision": f"0x{f.revision:02x}\n",
+            "numa_node": f"{f.numa_node}\n",
+            "local_cpus": f"{mask}\n",
+            "local_cpulist": f"{cpulist}\n",
+            "modalias": f"{modalias}\n",
+            "irq": f"{irq}\n",
+            "uevent": uevent,
+            "resource": _resource(bar, bridge),
+            "current_link_speed": f"{speed}\n",
+            "current_link_width": f"{width}\n",
+            "max_link_speed": f"{f.link_speed}\n",
+            "max_link_width": f"{f.link_width}\n",
+            "aer_dev_correctable": AER_COR_CLEAN,
+            "aer_dev_nonfatal": AER_NONFATAL_CLEAN,
+            "aer_dev_fatal": fatal,
+            "broken_parity_status": "0\n",
+            "consistent_dma_mask_bits": "64\n",
+            "dma_mask_bits": "64\n",
+            "d3cold_allowed": "1\n",
+            "msi_bus": "1\n",
+            "power_state": "D0\n",
+            "ari_enabled": "0\n",
+        }
+        if bridge:
+            sec, sub = plan.buses.get(addr, (0, 0))
+            attrs["secondary_bus_number"] = f"{sec}\n"
+            attrs["subordinate_bus_number"] = f"{sub}\n"
+        ctx.files(path, attrs)
+        children = ctx.dir(path).children
+        children["config"] = File(_config(f, plan, bar, irq, pf is not None), RW)
+        children["enable"] = make_file("1\n", RW)
+        children["driver_override"] = make_file("(null)\n", RW)
+        children["remove"] = make_file(b"", WO)
+        children["rescan"] = make_file(b"", WO)
+        ctx.link(f"{path}/subsystem", "sys/bus/pci")
+        if f.driver:
+            ctx.link(f"{path}/driver", f"{DRIVERS}/{f.driver}")
+            ctx.link(f"{DRIVERS}/{f.driver}/{addr}", path)
+        ctx.link(f"{path}/iommu_group", f"{GROUPS}/{f.iommu_group}")
+        groups.setdefault(f.iommu_group, []).append(addr)
+        ctx.link(f"{DEVICES}/{addr}", path)
+        if pf is not None:
+            ctx.link(f"{path}/physfn", plan.paths[pf])
+    # SR-IOV capability files on present PFs, virtfnN links to present VFs.
+    for pf_addr, vfs in plan.pf_vfs.items():
+        if pf_addr not in out:
+            continue
+        dev_id = plan.owner[pf_addr]
+        vf_device = plan.vf_device.get(pf_addr, 0)
+        n = vf_counts.get(dev_id, 0)
+        pf_path = out[pf_addr]
+        ctx.files(
+            pf_path,
+            {
+                "sriov_totalvfs": f"{len(vfs)}\n",
+                "sriov_offset": "1\n" if not vfs else f"{_rid(vfs[0]) - _rid(pf_addr)}\n",
+                "sriov_stride": "1\n",
+                "sriov_vf_device": f"{vf_device:x}\n",
+            },
+        )
+        ctx.file(f"{pf_path}/sriov_numvfs", f"{n}\n", RW)
+        ctx.file(f"{pf_path}/sriov_drivers_autoprobe", "1\n", RW)
+        for v in range(n):
+            ctx.link(f"{pf_path}/virtfn{v}", out[vfs[v]])
+    for group, members in groups.items():
+        base = f"{GROUPS}/{group}"
+        ctx.files(
+            base,
+            {"type": "DMA\n", "reserved_regions": "0x00000000fee00000 0x00000000feefffff msi\n"},
+        )
+        for addr in members:
+            ctx.link(f"{base}/devices/{addr}", out[addr])
+    _drivers(ctx, plan)
+    return out
+
+
+def _rid(addr: str) -> int:
+    return int(addr[5:7], 16) << 8 | int(addr[8:10], 16) << 3 | int(addr[11])
+
+
+def _drivers(ctx: Ctx, plan: PciPlan) -> None:
+    """Driver directories exist while the driver is loaded: whatever is plugged in."""
+    ctx.files("sys/bus/pci", {"drivers_autoprobe": "1\n", "resource_alignment": "\n"})
+    ctx.dir(DEVICES)
+    for drv in sorted(plan.drivers):
+        base = f"{DRIVERS}/{drv}"
+        ctx.files(
+            base, {"bind": b"", "unbind": b"", "new_id": b"", "remove_id": b"", "uevent": b""}, WO
+        )
+        if drv in BUILTIN_DRIVERS:
+            continue
+        mod = module_of(drv)
+        ctx.link(f"{base}/module", f"sys/module/{mod}")
+        ctx.link(f"sys/module/{mod}/drivers/pci:{drv}", base)
+        ctx.files(f"sys/module/{mod}", {"initstate": "live\n", "refcnt": "1\n"})
+        ctx.dir(f"sys/module/{mod}/holders")

@@ -1,0 +1,209 @@
+"""``build_tree``: one node of a resolved profile, plus device states, becomes a whole
+fake root (``sys/``, ``dev/``, ``proc/``).
+
+Pure and deterministic: no I/O, and the output depends only on the ``NodeSpec`` and the
+states, so unplugging and re-plugging a device gives a byte-identical tree. Each
+subsystem lives in its own helper module (``_cpu``, ``_pci``, ``_gpu``, ``_net``,
+``_fpga``); this module orders them and adds what is shared (basic ``/dev`` nodes, vfio,
+generic devices, device records). ``docs/sysfs-reference.md`` lists every attribute.
+
+Health uses real kernel interfaces only (see ``Reason``):
+
+- aer-fatal: ``aer_dev_fatal`` counts an uncorrectable internal error (TOTAL_ERR_FATAL 1).
+- link-down: a NIC's interfaces go ``operstate`` down, ``carrier`` 0, ``speed`` -1 (and its
+  RDMA ports DOWN/Polling); any other device reports a Surprise Down (SDES) fatal AER
+  error and ``current_link_speed`` "Unknown", ``current_link_width`` 0.
+- port-down: the NIC's RDMA ports go ``1: DOWN`` / ``3: Disabled`` (a NIC without RDMA
+  takes its interfaces down instead).
+- removed, or ``plugged=False``: the device, its VFs, class/driver/module links, IOMMU
+  group entries, ``/dev`` nodes and ``sys/dev/char`` links are all absent.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sandbox.fakehw import _cpu, _fpga, _gpu, _net, _pci
+from sandbox.fakehw._common import Ctx, present
+from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree
+from sandbox.profile.resolve import DeviceSpec, NodeSpec
+
+MEM_MAJOR = 1
+VFIO_MINOR = 196
+VFIO_GROUP_MAJOR = 245  # dynamic on a real system
+
+
+@dataclass(frozen=True)
+class _Static:
+    """What depends on the node alone, computed once per NodeSpec and reused by rebuilds."""
+
+    system: Dir  # the root with CPUs, NUMA nodes, proc/cpuinfo, proc/meminfo, /dev basics
+    plan: _pci.PciPlan
+
+
+_static: dict[int, tuple[weakref.ref[NodeSpec], _Static]] = {}
+_static_lock = threading.Lock()
+
+
+def _static_of(node: NodeSpec) -> _Static:
+    key = id(node)
+    with _static_lock:
+        hit = _static.get(key)
+    if hit is not None and hit[0]() is node:
+        return hit[1]
+    ctx = Ctx(node, {})
+    _base_devices(ctx)
+    _cpu.add_cpus(ctx)
+    _cpu.add_numa(ctx)
+    static = _Static(ctx.tree.root, _pci.plan_pci(node))
+
+    def forget(_ref: weakref.ref[NodeSpec]) -> None:
+        with _static_lock:
+            _static.pop(key, None)
+
+    ref = weakref.ref(node, forget)
+    with _static_lock:
+        _static[key] = (ref, static)
+    return static
+
+
+def build_tree(node: NodeSpec, states: Mapping[str, DeviceState] | None = None) -> Tree:
+    """The whole fake root of ``node`` with devices in ``states`` (default: the profile's)."""
+    # The tree is acyclic (plain refcounting frees it); pausing the cyclic GC while
+    # hundreds of thousands of containers are allocated halves the build time.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(node, states)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
+    static = _static_of(node)
+    ctx = Ctx(node, states)
+    ctx.graft(static.system)
+    plan = static.plan
+    vf_counts = {d.id: _vf_count(d, ctx.states[d.id]) for d in node.devices}
+    pci = _pci.add_pci(ctx, plan, vf_counts)
+    ctx.pci_dirs = pci
+    gpus = [d for d in node.devices if d.kind == "gpu" and d.gpu is not None]
+    _gpu.add_nvidia(ctx, [d for d in gpus if d.vendor == "nvidia"], pci, plan)
+    drm = [d for d in gpus if d.vendor != "nvidia"]
+    if drm:
+        ctx.file("sys/class/drm/version", "drm 1.1.0 20060810\n")
+        ctx.dir("dev/dri/by-path")
+    # VFs get DRM minors after every physical GPU's, numbered over all POSSIBLE VFs.
+    vf_minor = len(drm)
+    for d in drm:
+        assert d.gpu is not None
+        fn = pci.get(d.address)
+        if fn is not None:
+            _gpu.add_drm(ctx, d.gpu.minor, d.address, fn)
+            if d.vendor == "amd":
+                _gpu.add_amd_attrs(ctx, d, fn)
+            for v in range(vf_counts.get(d.id, 0)):
+                vf = d.gpu.vf_addresses[v]
+                _gpu.add_drm(ctx, vf_minor + v, vf, pci[vf])
+        vf_minor += d.gpu.total_vfs
+    _gpu.add_kfd(ctx, [d for d in drm if d.vendor == "amd"], pci)
+    _net.add_nics(ctx, [d for d in node.devices if d.nic is not None], pci, plan, vf_counts)
+    _fpga.add_fpgas(ctx, [d for d in node.devices if d.fpga is not None], pci)
+    _generic(ctx, [d for d in node.devices if d.generic is not None], pci)
+    _vfio(ctx, plan, pci)
+    for d in node.devices:
+        ctx.tree.devices[d.id] = DeviceRecord(
+            d.id,
+            d.kind,
+            d.vendor,
+            d.model,
+            d.address,
+            d.numa_node,
+            _dev_nodes(d),
+            ctx.states[d.id],
+        )
+    return ctx.tree
+
+
+def _vf_count(dev: DeviceSpec, state: DeviceState) -> int:
+    """VFs enabled: the state's count (clamped to sriov_totalvfs), else the profile's."""
+    info = _pci.vf_info(dev)
+    if info is None or not present(state):
+        return 0
+    wanted = info.enabled if state.num_vfs is None else state.num_vfs
+    return max(0, min(wanted, info.total))
+
+
+def _base_devices(ctx: Ctx) -> None:
+    """The memory devices every root has; containers and tools expect /dev/null."""
+    for name, minor in (("null", 3), ("zero", 5), ("full", 7), ("random", 8), ("urandom", 9)):
+        sysdir = f"sys/devices/virtual/mem/{name}"
+        ctx.chardev(name, MEM_MAJOR, minor, sysdir)
+        ctx.link(f"sys/class/mem/{name}", sysdir)
+    vfio = "sys/devices/virtual/misc/vfio"
+    ctx.chardev("vfio/vfio", 10, VFIO_MINOR, vfio)
+    ctx.link("sys/class/misc/vfio", vfio)
+
+
+def _vfio(ctx: Ctx, plan: _pci.PciPlan, pci: dict[str, str]) -> None:
+    """A /dev/vfio/<group> node per IOMMU group with a function bound to vfio-pci."""
+    groups = sorted({f.iommu_group for f in plan.functions if f.driver == "vfio-pci"})
+    live = {f.iommu_group for f in plan.functions if f.driver == "vfio-pci" and f.address in pci}
+    for minor, group in enumerate(groups):
+        if group not in live:
+            continue
+        sysdir = f"sys/devices/virtual/vfio/{group}"
+        ctx.chardev(f"vfio/{group}", VFIO_GROUP_MAJOR, minor, sysdir)
+        ctx.link(f"sys/class/vfio/{group}", sysdir)
+
+
+def _generic(ctx: Ctx, devs: list[DeviceSpec], pci: dict[str, str]) -> None:
+    """A generic device's nodes, each a class device below its PCI function: ``accel/accel0``
+    becomes ``<BDF>/accel/accel0`` (class ``accel``); a bare name gets class ``generic``."""
+    for d in devs:
+        fn = pci.get(d.address)
+        if fn is None or d.generic is None:
+            continue
+        for n in d.generic.dev_nodes:
+            cls, _, name = n.name.rpartition("/")
+            cls = cls.replace("/", "!") or "generic"
+            sysdir = f"{fn}/{cls}/{name}"
+            if ctx.exists(f"dev/{n.name}"):
+                continue  # two devices naming the same node share it
+            ctx.chardev(n.name, n.major, n.minor, sysdir)
+            ctx.link(f"{sysdir}/device", fn)
+            ctx.link(f"sys/class/{cls}/{name}", sysdir)
+
+
+def _dev_nodes(d: DeviceSpec) -> tuple[str, ...]:
+    """The dev/ paths that belong to this device alone (shared ones like nvidiactl excluded)."""
+    if d.gpu is not None:
+        if d.vendor == "nvidia":
+            return (f"dev/nvidia{d.gpu.minor}",)
+        card, render = _gpu.drm_minors(d.gpu.minor)
+        return (f"dev/dri/card{card}", f"dev/dri/renderD{render}")
+    if d.nic is not None:
+        out: list[str] = []
+        for ibdev in d.nic.rdma_devs:
+            i = int(ibdev[len(ibdev.rstrip("0123456789")) :] or 0)
+            out += [
+                f"dev/infiniband/uverbs{i}",
+                f"dev/infiniband/umad{i}",
+                f"dev/infiniband/issm{i}",
+            ]
+        return tuple(out)
+    if d.fpga is not None:
+        if d.fpga.flavor != "dfl":
+            return ()
+        return (
+            f"dev/dfl-fme.{d.fpga.region}",
+            *(f"dev/dfl-port.{d.fpga.first_port + k}" for k in range(d.fpga.ports)),
+        )
+    if d.generic is not None:
+        return tuple(f"dev/{n.name}" for n in d.generic.dev_nodes)
+    return ()
