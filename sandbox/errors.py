@@ -5,6 +5,10 @@
     ├── RenderError              a tree cannot be written where asked
     ├── MountError               a FUSE mount cannot be made, served or recovered
     ├── ControlError             the control API refused a request or cannot be reached
+    ├── ScenarioError            a fault scenario is invalid (every problem) or a step failed
+    ├── KubeletError             the kubelet harness cannot do what was asked
+    │   └── AllocationError      an allocation failed, as the kubelet would fail the pod
+    │       └── TopologyAffinityError  the TopologyManager policy rejected the request
     ├── RuntimeBackendError      a runtime (local, native, kind) failed at a named step
     └── CommandError             an external command failed; carries argv and output
 
@@ -56,11 +60,32 @@ class ControlError(SandboxError):
     """The control API refused a request or could not be reached."""
 
 
+class ScenarioError(SandboxError):
+    """A scenario file is invalid (``problems`` lists every problem) or a step failed."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class KubeletError(SandboxError):
+    """The kubelet harness cannot do what was asked."""
+
+
+class AllocationError(KubeletError):
+    """An allocation failed; the message is the kubelet's own wording where it has one."""
+
+
+class TopologyAffinityError(AllocationError):
+    """The TopologyManager policy found no acceptable NUMA affinity (pod admission fails)."""
+
+
 class RuntimeBackendError(SandboxError):
     """A runtime backend failed; ``step`` names what it was doing."""
 
     def __init__(self, step: str, message: str) -> None:
         self.step = step
+        self.message = message
         super().__init__(f"{step}: {message}")
 
 

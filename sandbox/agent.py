@@ -1,0 +1,198 @@
+"""Serving one node's fake hardware: the profile -> tree -> FUSE mount -> control socket.
+
+Every runtime runs this once per node replica: the local and native runtimes as a host
+process, kind as a privileged DaemonSet pod inside the node container. Optionally it also
+creates the node's device nodes in a directory of real character devices (what a
+container runtime stats when a plugin's Allocate names them), mapped onto a harmless
+major:minor (1:3, /dev/null) unless asked otherwise; they are removed again on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import trio
+
+from sandbox.errors import MountError, SandboxError
+from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.control import ControlPaths
+from sandbox.fakehw.fs import DEFAULT_DEV_MAP, check_mount_root, serve
+from sandbox.fakehw.tree import CharDevice, DeviceState, Health, Reason, Tree
+from sandbox.profile import NodeSpec, load_profile
+
+log = logging.getLogger(__name__)
+
+IN_NODE_ENV = "HWSANDBOX_IN_NODE"  # set by the kind agent DaemonSet: /dev is the node's own
+
+
+def initial_states(node: NodeSpec) -> dict[str, DeviceState]:
+    """Device states as the profile starts them (health and reason per device)."""
+    states: dict[str, DeviceState] = {}
+    for d in node.devices:
+        if d.health == "unhealthy":
+            reason = Reason(d.health_reason or "aer-fatal")
+            if reason is Reason.REMOVED:
+                states[d.id] = DeviceState(plugged=False)
+            else:
+                states[d.id] = DeviceState(health=Health.UNHEALTHY, reason=reason)
+    return states
+
+
+def resolve_node(profile_path: str, node: str, index: int | None = None) -> NodeSpec:
+    cluster = load_profile(profile_path).cluster
+    spec = cluster.node(node, index)
+    if spec is None:
+        names = ", ".join(n.name for n in cluster.nodes)
+        raise SandboxError(f"{profile_path}: no node {node!r} (nodes: {names})")
+    return spec
+
+
+def char_devices(tree: Tree) -> Iterator[tuple[str, CharDevice]]:
+    for path, entry in tree.walk():
+        if path.startswith("dev/") and isinstance(entry, CharDevice):
+            yield path[len("dev/"):], entry
+
+
+def _check_dev_dir(dev_dir: Path) -> None:
+    real = dev_dir.resolve()
+    if real == Path("/dev") or Path("/dev") in real.parents:
+        if os.environ.get(IN_NODE_ENV) != "1":
+            raise SandboxError(
+                f"{dev_dir}: refusing to create device nodes in the host's /dev "
+                f"(allowed only inside a node container, with {IN_NODE_ENV}=1)"
+            )
+    if real == Path("/sys") or Path("/sys") in real.parents:
+        raise SandboxError(f"{dev_dir}: refusing to write under /sys")
+
+
+def create_device_nodes(tree: Tree, dev_dir: Path,
+                        dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP) -> list[Path]:
+    """mknod the tree's char devices under ``dev_dir``; returns what was created."""
+    _check_dev_dir(dev_dir)
+    made: list[Path] = []
+    for rel, dev in char_devices(tree):
+        target = dev_dir / rel
+        major, minor = dev_map if dev_map is not None else (dev.major, dev.minor)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            st = target.lstat()
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(major, minor):
+                continue  # left by an earlier run of ours: same node, keep it
+            raise SandboxError(f"{target}: exists and is not the device we would create")
+        os.mknod(target, stat.S_IFCHR | (dev.mode & 0o777), os.makedev(major, minor))
+        os.chmod(target, dev.mode & 0o777)
+        made.append(target)
+    return made
+
+
+def remove_device_nodes(tree: Tree, dev_dir: Path) -> None:
+    for rel, _dev in char_devices(tree):
+        target = dev_dir / rel
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISCHR(target.lstat().st_mode):
+                target.unlink()
+
+
+def run_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
+             state_dir: Path | None = None, dev_dir: Path | None = None,
+             dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP, allow_dev: bool = False,
+             ready: Callable[[ControlPaths], None] | None = None) -> None:
+    """Mount and serve one node until unmounted or signalled (foreground)."""
+    spec = resolve_node(profile_path, node, index)
+    root = check_mount_root(root)
+
+    def rebuild(states: Mapping[str, DeviceState]) -> Tree:
+        return build_tree(spec, states)
+
+    states = initial_states(spec)
+    made: list[Path] = []
+    base_tree = build_tree(spec, {})
+    if dev_dir is not None:
+        made = create_device_nodes(base_tree, dev_dir, dev_map)
+        log.info("created %d device nodes under %s", len(made), dev_dir)
+
+    class _Status:
+        def started(self, value: ControlPaths | None = None) -> None:
+            if ready is not None and value is not None:
+                ready(value)
+
+    try:
+        trio.run(lambda: serve(root, rebuild, initial_states=states, state_dir=state_dir,
+                               dev_map=dev_map if allow_dev else None, allow_dev=allow_dev,
+                               fsname=f"hwsandbox:{spec.name}", task_status=_Status()))
+    finally:
+        if dev_dir is not None:
+            remove_device_nodes(base_tree, dev_dir)
+
+
+def spawn_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
+               state_dir: Path, log_file: Path, dev_dir: Path | None = None,
+               extra: Sequence[str] = (), timeout: float = 20.0) -> int:
+    """Start ``sandbox mount`` for one node as a detached process; wait until it serves.
+
+    Returns the server's pid. Raises MountError with the end of its log if it dies or
+    does not come up in ``timeout`` seconds.
+    """
+    argv = [sys.executable, "-m", "sandbox", "mount", profile_path, "--node", node,
+            str(root), "--state-dir", str(state_dir)]
+    if index is not None:
+        argv += ["--index", str(index)]
+    if dev_dir is not None:
+        argv += ["--dev-dir", str(dev_dir)]
+    argv += list(extra)
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with log_file.open("ab") as out:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=out,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    line = b""
+    os.set_blocking(proc.stdout.fileno(), False)
+    while time.monotonic() < deadline:
+        chunk = proc.stdout.read()
+        if chunk:
+            line += chunk
+            if b"\n" in line:
+                break
+        if proc.poll() is not None:
+            break
+        time.sleep(0.01)
+    proc.stdout.close()
+    if not line.startswith(b"ready"):
+        if proc.poll() is None:
+            proc.kill()
+        tail = log_file.read_text(errors="replace").strip().splitlines()[-5:]
+        raise MountError(f"node {node}: the FUSE server did not come up: " + " | ".join(tail))
+    return proc.pid
+
+
+def wait_unmounted(root: Path, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not os.path.ismount(root):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def unmount(root: Path) -> None:
+    """Unmount a node's tree (lazily if busy); a dead mount is cleared too."""
+    from sandbox.fakehw.fs import recover_mount
+
+    recover_mount(root)
+    if os.path.ismount(root):
+        result = subprocess.run(["fusermount3", "-u", str(root)], capture_output=True,
+                                text=True, check=False)
+        if result.returncode != 0:
+            result = subprocess.run(["fusermount3", "-uz", str(root)], capture_output=True,
+                                    text=True, check=False)
+            if result.returncode != 0:
+                raise MountError(f"{root}: cannot unmount: {result.stderr.strip()}")

@@ -1,0 +1,142 @@
+"""`sandbox fault ...`: change a running node's hardware (health, hotplug, VFs, kubelet)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sandbox.errors import SandboxError
+from sandbox.fakehw.control import ControlClient
+from sandbox.fakehw.scenario import load_scenario, run_scenario
+from sandbox.fakehw.tree import Reason
+from sandbox.session import find_session
+from sandbox.textui import table
+
+REASONS = [r.value for r in Reason]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "fault",
+        help="inject faults: device health, unplug/plug, SR-IOV VFs, kubelet restart",
+        description="Change what a running sandbox's nodes look like, live. Devices are named "
+        "by the stable ids `sandbox show` prints (gpu0, nic1...). Every change is visible to a "
+        "fresh read of the node's /sys and /dev as soon as the command returns.",
+    )
+    p.add_argument("--name", help="which sandbox (default: the only one running)")
+    p.add_argument("--socket", type=Path,
+                   help="talk to this control socket directly (a `sandbox mount` server)")
+    verbs = p.add_subparsers(dest="fault", metavar="ACTION", required=True)
+
+    h = verbs.add_parser("health", help="mark a device healthy or unhealthy")
+    h.add_argument("node")
+    h.add_argument("device")
+    h.add_argument("health", choices=("healthy", "unhealthy"))
+    h.add_argument("--reason", choices=REASONS,
+                   help="how it shows: aer-fatal (PCI AER counters), link-down (net operstate), "
+                   "port-down (IB port state), removed (falls off the bus); default aer-fatal")
+    for name, text in (("unplug", "hot-unplug a device"), ("plug", "plug a device back")):
+        q = verbs.add_parser(name, help=text)
+        q.add_argument("node")
+        q.add_argument("device")
+    v = verbs.add_parser("set-vfs", help="change a device's number of SR-IOV VFs")
+    v.add_argument("node")
+    v.add_argument("device")
+    v.add_argument("num_vfs", type=int)
+    ls = verbs.add_parser("list", help="devices and their state, per node")
+    ls.add_argument("node", nargs="?")
+    ls.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    w = verbs.add_parser("watch", help="print change events of a node as JSON lines")
+    w.add_argument("node")
+    r = verbs.add_parser("run", help="run a fault scenario (timeline, storms, expectations)")
+    r.add_argument("scenario", type=Path)
+    r.add_argument("--node", help="node to run it on (default: the first)")
+    r.add_argument("--speed", type=float, default=1.0, help="time multiplier (2 = twice as fast)")
+    k = verbs.add_parser("restart-kubelet", help="restart the node's kubelet")
+    k.add_argument("node")
+    p.set_defaults(func=run)
+
+
+def _client(args: argparse.Namespace, node: str | None) -> ControlClient:
+    if args.socket is not None:
+        return ControlClient(args.socket)
+    session = find_session(args.name)
+    if node is None:
+        node = next(iter(session.nodes), None)
+        if node is None:
+            raise SandboxError(f"sandbox {session.name!r} has no nodes")
+    return ControlClient(session.socket(node))
+
+
+def run(args: argparse.Namespace) -> int:
+    action = args.fault
+    if action == "restart-kubelet":
+        from sandbox.runtimes import runtime_for
+
+        session = find_session(args.name)
+        runtime_for(session.runtime).restart_kubelet(session.state_dir, args.node)
+        print(f"{args.node}: kubelet restarted")
+        return 0
+    if action == "list":
+        return _list(args)
+    node = getattr(args, "node", None)
+    with _client(args, node) as client:
+        if action == "health":
+            reason = args.reason or ("aer-fatal" if args.health == "unhealthy" else None)
+            reply = client.health(args.device, args.health, reason)
+        elif action == "unplug":
+            reply = client.unplug(args.device)
+        elif action == "plug":
+            reply = client.plug(args.device)
+        elif action == "set-vfs":
+            reply = client.set_vfs(args.device, args.num_vfs)
+        elif action == "watch":
+            for event in client.watch():
+                print(json.dumps(event), flush=True)
+            return 0
+        elif action == "run":
+            result = run_scenario(load_scenario(args.scenario), client, speed=args.speed)
+            for check in result.checks:
+                print(check)
+            print(f"{len(result.applied)} change(s) applied, "
+                  f"{len(result.checks) - len(result.failures)} of {len(result.checks)} "
+                  "expectation(s) met")
+            return 0 if result.ok else 1
+        else:  # pragma: no cover - argparse restricts the choices
+            raise SandboxError(f"unknown fault action {action!r}")
+    state = reply.get("state", {})
+    what = "no change" if not reply.get("changed", True) else "done"
+    desc = "unplugged" if not state.get("plugged", True) else state.get("health", "?")
+    if state.get("reason"):
+        desc += f" ({state['reason']})"
+    print(f"{node}/{args.device}: {desc} [{what}]")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    if args.socket is not None:
+        nodes = {"-": args.socket}
+    else:
+        session = find_session(args.name)
+        nodes = {n: session.socket(n) for n in session.nodes if args.node in (None, n)}
+        if args.node and not nodes:
+            session.socket(args.node)  # raises with the known nodes
+    rows = []
+    data = {}
+    for node, sock in nodes.items():
+        with ControlClient(sock) as client:
+            devices = client.devices()
+        data[node] = devices
+        for dev_id, info in devices.items():
+            state = info.get("state", {})
+            health = "unplugged" if not state.get("plugged", True) else state.get("health")
+            rows.append((node, dev_id, info.get("kind", ""), info.get("pci_address", ""),
+                         info.get("numa_node", ""), health, state.get("reason") or ""))
+    if args.output == "json":
+        json.dump(data, sys.stdout, indent=2)
+        print()
+    else:
+        print(table(("NODE", "DEVICE", "KIND", "PCI ADDRESS", "NUMA", "HEALTH", "REASON"), rows))
+    return 0

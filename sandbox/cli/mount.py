@@ -1,0 +1,77 @@
+"""`sandbox mount PROFILE --node NAME ROOT`: serve one node's fake tree live over FUSE."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sandbox.agent import run_node, spawn_node
+from sandbox.errors import SandboxError
+from sandbox.fakehw.control import ControlPaths, control_paths
+from sandbox.fakehw.fs import DEFAULT_DEV_MAP
+
+
+def _dev(text: str) -> tuple[int, int]:
+    major, sep, minor = text.partition(":")
+    if not sep or not major.isdigit() or not minor.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected MAJOR:MINOR such as 1:3")
+    return int(major), int(minor)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "mount",
+        help="serve a node's fake /sys, /dev, /proc live over FUSE",
+        description="Mount the node's tree at ROOT (ROOT/sys, ROOT/dev, ROOT/proc) and serve "
+        "it until unmounted (fusermount3 -u ROOT) or interrupted. Faults change it live through "
+        "the control socket (ROOT.sock beside the mount, or STATE_DIR/control.sock); see "
+        "`sandbox fault`. A dead mount left by a killed server is recovered first.",
+    )
+    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("root", metavar="ROOT", help="mount point (created if missing)")
+    p.add_argument("--node", required=True, help="node name (or replica name like worker-1)")
+    p.add_argument("--index", type=int, help="replica index when the node has count > 1")
+    p.add_argument("--state-dir", type=Path,
+                   help="where control.sock and state.json live (default: beside ROOT)")
+    p.add_argument("--daemon", action="store_true",
+                   help="return once mounted, leaving the server in the background")
+    p.add_argument("--pid-file", type=Path, help="with --daemon: write the server's pid here")
+    p.add_argument("--log-file", type=Path, help="with --daemon: server log (default: beside ROOT)")
+    p.add_argument("--dev-map", type=_dev, nargs="?", const=DEFAULT_DEV_MAP, metavar="MAJ:MIN",
+                   help="report every device node as MAJ:MIN (default 1:3, /dev/null)")
+    p.add_argument("--dev", action="store_true",
+                   help="mount with the dev option so mapped device nodes can be opened")
+    p.add_argument("--dev-dir", type=Path,
+                   help="also create the node's device nodes (as 1:3) in this directory")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    root = Path(args.root)
+    if args.daemon:
+        state_dir = args.state_dir or root.absolute().parent
+        log_file = args.log_file or root.absolute().parent / f"{root.name}.log"
+        extra: list[str] = []
+        if args.dev_map is not None:
+            extra += ["--dev-map", f"{args.dev_map[0]}:{args.dev_map[1]}"]
+        if args.dev:
+            extra.append("--dev")
+        pid = spawn_node(args.profile, args.node, root, index=args.index,
+                         state_dir=args.state_dir or state_dir, log_file=log_file,
+                         dev_dir=args.dev_dir, extra=extra)
+        if args.pid_file:
+            args.pid_file.write_text(f"{pid}\n")
+        paths = control_paths(root, args.state_dir or state_dir)
+        print(f"mounted {root} (pid {pid}); control socket {paths.socket}; log {log_file}")
+        return 0
+    if args.dev and args.dev_map is None:
+        raise SandboxError("--dev needs --dev-map: never expose a real host device by default")
+
+    def ready(paths: ControlPaths) -> None:
+        print(f"ready {paths.socket}", flush=True)
+        print(f"serving {root}; stop with Ctrl-C or fusermount3 -u {root}", file=sys.stderr)
+
+    run_node(args.profile, args.node, root, index=args.index, state_dir=args.state_dir,
+             dev_dir=args.dev_dir, dev_map=args.dev_map, allow_dev=args.dev, ready=ready)
+    return 0

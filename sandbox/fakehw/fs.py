@@ -1,0 +1,478 @@
+"""The live FUSE filesystem: serves a ``LiveTree`` read-only and keeps kernel caches honest.
+
+This is the only module that imports pyfuse3. Reads are cached by the kernel with long
+entry/attr timeouts and ``keep_cache`` (tmpfs-fast); correctness comes from invalidation:
+after every committed change the ``Diff`` is turned into ``invalidate_entry`` /
+``invalidate_inode`` calls, run in a worker thread (they block while a related request is
+in flight, and requests are served by this process's trio thread), and the control reply
+is only sent once they are done.
+
+Inode numbers are allocated per (path, kind) and never reused for the life of the mount,
+so a device that is unplugged and plugged back gets the same inode numbers, and a path
+whose kind changes gets a new one (the kernel marks an inode bad if its type changes).
+
+``serve()`` mounts, runs the control server and returns after ``fusermount3 -u ROOT`` or
+SIGTERM/SIGINT. ``recover_mount()`` clears a dead mount left by a killed server.
+``python -m sandbox.fakehw.fs ROOT --rebuild MODULE:FUNC`` is a development entry point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import pyfuse3
+import trio
+
+from sandbox.errors import CommandError, MountError
+from sandbox.fakehw.control import ControlPaths, ControlServer, control_paths
+from sandbox.fakehw.live import Diff, Kind, LiveTree, Rebuild, kind_of, load_states
+from sandbox.fakehw.tree import DeviceState, Dir, Entry, File, Symlink
+
+log = logging.getLogger(__name__)
+
+FSNAME = "hwsandbox"
+DEFAULT_DEV_MAP = (1, 3)  # /dev/null: openable and harmless
+CACHE_TIMEOUT = 86400.0  # seconds; invalidation, not expiry, keeps caches correct
+_FORBIDDEN_ROOTS = (Path("/sys"), Path("/dev"), Path("/proc"))
+_INVALIDATE_IGNORED = (errno.ENOENT, errno.ENOTDIR)
+
+
+class _Operations(pyfuse3.Operations):  # type: ignore[misc]
+    """Request handlers. They only raise pyfuse3.FUSEError and never await, so each one
+    sees exactly one snapshot of the tree."""
+
+    enable_writeback_cache = False
+
+    def __init__(self, live: LiveTree, dev_map: tuple[int, int] | None) -> None:
+        super().__init__()
+        self.live = live
+        self._rdev_map = os.makedev(*dev_map) if dev_map is not None else None
+        self._ino: dict[tuple[str, Kind], int] = {("", "dir"): pyfuse3.ROOT_INODE}
+        self._path: dict[int, tuple[str, Kind]] = {pyfuse3.ROOT_INODE: ("", "dir")}
+        self._dirs: dict[int, list[tuple[bytes, str, Entry]]] = {}
+        self._next_fh = 1
+        self._stored: set[int] = set()  # inodes whose current bytes we put in the page cache
+        self.invalidations = 0
+
+    # -- helpers ------------------------------------------------------------------------
+    def _inode(self, path: str, kind: Kind) -> int:
+        key = (path, kind)
+        ino = self._ino.get(key)
+        if ino is None:
+            ino = len(self._path) + pyfuse3.ROOT_INODE
+            self._ino[key] = ino
+            self._path[ino] = key
+        return ino
+
+    def _entry(self, inode: int) -> tuple[str, Entry]:
+        key = self._path.get(inode)
+        if key is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        path, kind = key
+        entry = self.live.snapshot.index.get(path)
+        if entry is None or kind_of(entry) != kind:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return path, entry
+
+    def _attrs(self, path: str, entry: Entry) -> Any:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = self._inode(path, kind_of(entry))
+        a.generation = 0
+        a.entry_timeout = CACHE_TIMEOUT
+        a.attr_timeout = CACHE_TIMEOUT
+        a.st_uid = 0
+        a.st_gid = 0
+        a.st_blksize = 4096
+        a.st_rdev = 0
+        size = 0
+        if isinstance(entry, Dir):
+            a.st_mode = stat.S_IFDIR | entry.mode
+            subdirs = sum(1 for c in entry.children.values() if isinstance(c, Dir))
+            a.st_nlink = 2 + subdirs
+        elif isinstance(entry, File):
+            a.st_mode = stat.S_IFREG | entry.mode
+            a.st_nlink = 1
+            size = len(entry.data)
+        elif isinstance(entry, Symlink):
+            a.st_mode = stat.S_IFLNK | 0o777
+            a.st_nlink = 1
+            size = len(os.fsencode(entry.target))
+        else:
+            a.st_mode = stat.S_IFCHR | entry.mode
+            a.st_nlink = 1
+            a.st_rdev = (
+                self._rdev_map
+                if self._rdev_map is not None
+                else os.makedev(entry.major, entry.minor)
+            )
+        a.st_size = size
+        a.st_blocks = (size + 511) // 512
+        t = self.live.changed_ns(path)
+        a.st_atime_ns = t
+        a.st_mtime_ns = t
+        a.st_ctime_ns = t
+        return a
+
+    # -- handlers -----------------------------------------------------------------------
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        parent, entry = self._entry(parent_inode)
+        if not isinstance(entry, Dir):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        n = os.fsdecode(name)
+        if n == ".":
+            path = parent
+        elif n == "..":
+            path = parent.rpartition("/")[0]
+        else:
+            path = f"{parent}/{n}" if parent else n
+        child = self.live.snapshot.index.get(path)
+        if child is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attrs(path, child)
+
+    async def getattr(self, inode: int, ctx: Any = None) -> Any:
+        return self._attrs(*self._entry(inode))
+
+    async def readlink(self, inode: int, ctx: Any = None) -> bytes:
+        _, entry = self._entry(inode)
+        if not isinstance(entry, Symlink):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return os.fsencode(entry.target)
+
+    async def opendir(self, inode: int, ctx: Any = None) -> int:
+        path, entry = self._entry(inode)
+        if not isinstance(entry, Dir):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        prefix = f"{path}/" if path else ""
+        # A listing is a snapshot taken at opendir: offsets stay valid whatever changes.
+        listing = [
+            (os.fsencode(name), prefix + name, entry.children[name])
+            for name in sorted(entry.children)
+        ]
+        fh = self._next_fh
+        self._next_fh += 1
+        self._dirs[fh] = listing
+        return fh
+
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        listing = self._dirs.get(fh)
+        if listing is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        for i in range(start_id, len(listing)):
+            name, path, entry = listing[i]
+            if not pyfuse3.readdir_reply(token, name, self._attrs(path, entry), i + 1):
+                return
+
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    async def open(self, inode: int, flags: int, ctx: Any = None) -> Any:
+        _, entry = self._entry(inode)
+        if isinstance(entry, Dir):
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        if not isinstance(entry, File):
+            raise pyfuse3.FUSEError(errno.ENXIO)
+        if flags & os.O_ACCMODE != os.O_RDONLY:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if inode not in self._stored and entry.data:
+            # Fill the page cache now: the read that follows costs no round trip. Safe in
+            # a handler (it never waits on other requests); a store racing a swap is
+            # dropped by the invalidation that follows the swap.
+            try:
+                pyfuse3.notify_store(inode, 0, entry.data)
+            except OSError:
+                pass  # only an optimisation: read() serves whatever is missing
+            else:
+                self._stored.add(inode)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        key = self._path.get(fh)
+        entry = self.live.snapshot.index.get(key[0]) if key else None
+        if not isinstance(entry, File):
+            raise pyfuse3.FUSEError(errno.ENODEV)  # what sysfs says once a device is gone
+        return entry.data[off : off + size]
+
+    async def release(self, fh: int) -> None:
+        return None
+
+    async def statfs(self, ctx: Any = None) -> Any:
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = 4096
+        s.f_frsize = 4096
+        s.f_blocks = s.f_bfree = s.f_bavail = 0
+        s.f_files = len(self.live.snapshot.index)
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = 255
+        return s
+
+    # -- invalidation -------------------------------------------------------------------
+    def plan(self, diff: Diff) -> list[tuple[int, bytes | None]]:
+        """Kernel notifications for ``diff``: (parent, name) entries and (inode, None).
+
+        Only inodes this mount ever handed out can be cached by the kernel, so paths that
+        never got one are skipped; negative lookups are not cached (we answer ENOENT)."""
+        ops: list[tuple[int, bytes | None]] = []
+        gone_dirs: set[str] = set()
+        for path, kind in diff.removed:  # parents first
+            ino = self._ino.get((path, kind))
+            if ino is None:
+                continue
+            parent, _, name = path.rpartition("/")
+            pino = self._ino.get((parent, "dir"))
+            if pino is not None and parent not in gone_dirs:
+                ops.append((pino, os.fsencode(name)))  # drops the dentry and its subtree
+            if kind == "dir":
+                gone_dirs.add(path)
+            ops.append((ino, None))
+        for path, kind in (*diff.changed, *diff.added):
+            ino = self._ino.get((path, kind))
+            if ino is not None:
+                ops.append((ino, None))
+        for path in diff.dirs:
+            ino = self._ino.get((path, "dir"))
+            if ino is not None:
+                ops.append((ino, None))
+        return ops
+
+    async def invalidate(self, diff: Diff) -> None:
+        """Tell the kernel what ``diff`` changed; returns when it has been told."""
+        ops = self.plan(diff)
+        self._stored.difference_update(ino for ino, name in ops if name is None)
+        if ops:
+            self.invalidations += len(ops)
+            await trio.to_thread.run_sync(_notify_kernel, ops)
+
+
+def _notify_kernel(ops: Sequence[tuple[int, bytes | None]]) -> None:
+    for ino, name in ops:
+        try:
+            if name is None:
+                pyfuse3.invalidate_inode(ino)
+            else:
+                pyfuse3.invalidate_entry(ino, name)
+        except OSError as exc:
+            if exc.errno not in _INVALIDATE_IGNORED:
+                log.warning("invalidating inode %d %r: %s", ino, name, exc)
+
+
+# -- mount management -------------------------------------------------------------------
+def check_mount_root(root: str | os.PathLike[str]) -> Path:
+    """The absolute mount point for ``root``; refuses / and anything under the real
+    /sys, /dev or /proc."""
+    path = Path(os.path.realpath(os.path.abspath(root)))
+    if path == Path("/"):
+        raise MountError("refusing to mount over /")
+    for bad in _FORBIDDEN_ROOTS:
+        if path == bad or bad in path.parents:
+            raise MountError(f"{path}: refusing to mount under the real {bad}")
+    return path
+
+
+def mounted_fstype(root: str | os.PathLike[str]) -> str | None:
+    """The filesystem type mounted exactly at ``root`` (per /proc/self/mountinfo), or None."""
+    target = os.path.abspath(root)
+    found = None
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            point = fields[4].encode().decode("unicode_escape")
+            if point == target:
+                found = fields[sep + 1]  # the last (topmost) mount wins
+    return found
+
+
+def recover_mount(root: str | os.PathLike[str]) -> bool:
+    """Unmount ``root`` if it is a dead FUSE mount (stat fails with ENOTCONN, as after a
+    server was killed). Returns True if it cleared one, False if there was nothing to do.
+    A live mount is left alone. Raises MountError (from CommandError) if it cannot."""
+    path = check_mount_root(root)
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return False
+        if exc.errno != errno.ENOTCONN:
+            raise MountError(f"{path}: cannot stat mount point: {exc.strerror}") from exc
+    else:
+        return False
+    log.warning("%s: dead FUSE mount (transport endpoint is not connected); unmounting", path)
+    last: CommandError | None = None
+    for argv in (["fusermount3", "-u", str(path)], ["fusermount3", "-uz", str(path)]):
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, check=False)
+        except FileNotFoundError as exc:
+            raise MountError("fusermount3 not found (apt-get install fuse3)") from exc
+        if res.returncode == 0:
+            return True
+        last = CommandError(argv, res.returncode, res.stdout + res.stderr)
+    raise MountError(f"{path}: cannot clear dead mount: {last}") from last
+
+
+def _mount_options(fsname: str, allow_dev: bool) -> set[str]:
+    opts = set(pyfuse3.default_options)
+    opts |= {f"fsname={fsname}", "allow_other", "default_permissions", "ro"}
+    opts.add("dev" if allow_dev else "nodev")
+    return opts
+
+
+async def serve(
+    root: str | os.PathLike[str],
+    rebuild: Rebuild,
+    *,
+    initial_states: Mapping[str, DeviceState] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    dev_map: tuple[int, int] | None = None,
+    allow_dev: bool = False,
+    fsname: str = FSNAME,
+    task_status: trio.TaskStatus[ControlPaths] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Mount the live tree at ``root`` and serve it and its control socket.
+
+    ``rebuild(states)`` makes the tree for a states dict (the profile builder in real
+    use). Saved states (``control_paths(root, state_dir).state``) override
+    ``initial_states``. ``dev_map=(1, 3)`` reports every char device as that
+    major:minor; ``allow_dev`` mounts with ``dev`` so such nodes can be opened (opening
+    reaches the REAL driver of the reported major:minor). Calls
+    ``task_status.started(paths)`` once mounted and listening; returns after the mount is
+    unmounted from outside (``fusermount3 -u``) or on SIGTERM/SIGINT (unmounting itself).
+    Must be run in the main thread of a trio program that serves nothing else.
+    """
+    mountpoint = check_mount_root(root)
+    recover_mount(mountpoint)
+    if mounted_fstype(mountpoint) is not None:
+        raise MountError(f"{mountpoint}: already mounted (run `sandbox down` first)")
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    paths = control_paths(mountpoint, state_dir)
+    paths.socket.parent.mkdir(parents=True, exist_ok=True)
+    states = dict(initial_states or {})
+    states.update(load_states(paths.state))
+    live = LiveTree(rebuild, states)
+    ops = _Operations(live, dev_map)
+    server = ControlServer(
+        live,
+        on_diff=ops.invalidate,
+        state_file=paths.state,
+        info={"mount": str(mountpoint), "pid": os.getpid()},
+    )
+    try:
+        pyfuse3.init(ops, str(mountpoint), _mount_options(fsname, allow_dev))
+    except RuntimeError as exc:
+        raise MountError(f"{mountpoint}: mount failed: {exc}") from exc
+    stopped_by_us = False
+
+    async def stop_on_signal(*, task_status: trio.TaskStatus[None]) -> None:
+        nonlocal stopped_by_us
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            task_status.started()
+            async for _ in signals:
+                stopped_by_us = True
+                pyfuse3.terminate()
+                return
+
+    clean = False
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run, paths.socket, nursery)
+            if threading.current_thread() is threading.main_thread():
+                await nursery.start(stop_on_signal)
+            task_status.started(paths)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+        clean = True
+    finally:
+        # After `fusermount3 -u` the kernel side is already gone; otherwise unmount.
+        pyfuse3.close(unmount=stopped_by_us or not clean)
+
+
+# -- development entry point ------------------------------------------------------------
+def _load_rebuild(spec: str) -> Rebuild:
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise MountError(f"--rebuild {spec!r}: expected MODULE:FUNCTION")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise MountError(f"--rebuild {spec!r}: {exc}") from exc
+    if not callable(obj):
+        raise MountError(f"--rebuild {spec!r}: not callable")
+    return cast(Rebuild, obj)
+
+
+def _parse_dev(text: str) -> tuple[int, int]:
+    major, sep, minor = text.partition(":")
+    if not sep or not major.isdigit() or not minor.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected MAJOR:MINOR")
+    return int(major), int(minor)
+
+
+class _PrintReady:
+    """A trio TaskStatus that announces readiness on stdout for a parent process."""
+
+    def started(self, value: ControlPaths | None = None) -> None:
+        sock = value.socket if value is not None else ""
+        print(f"ready {sock}", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sandbox.fakehw.fs",
+        description="Serve a live fake tree over FUSE (development entry point).",
+    )
+    parser.add_argument("root", help="mount point")
+    parser.add_argument(
+        "--rebuild",
+        required=True,
+        metavar="MODULE:FUNC",
+        help="callable (states) -> Tree, e.g. fakehw_toy:rebuild",
+    )
+    parser.add_argument("--state-dir", help="directory for control.sock and state.json")
+    parser.add_argument(
+        "--dev-map",
+        type=_parse_dev,
+        nargs="?",
+        const=DEFAULT_DEV_MAP,
+        metavar="MAJOR:MINOR",
+        help="report every char device as this (default 1:3)",
+    )
+    parser.add_argument("--dev", action="store_true", help="mount with the dev option")
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("pyfuse3").setLevel(logging.INFO)  # per-request noise otherwise
+    try:
+        rebuild = _load_rebuild(args.rebuild)
+        trio.run(
+            lambda: serve(
+                args.root,
+                rebuild,
+                state_dir=args.state_dir,
+                dev_map=args.dev_map,
+                allow_dev=args.dev,
+                task_status=_PrintReady(),
+            )
+        )
+    except MountError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""The live tree: current device states, the tree built from them, and what a change changes.
+
+``LiveTree`` owns the mutable side of a served node: the states dict, the current
+``Snapshot`` (a tree plus a flat path index) and per-path change times. A change goes
+through ``prepare`` (pure: new states, new tree via the injected ``rebuild``; safe to run
+in a worker thread) and ``commit`` (one assignment swaps the snapshot, so a reader sees
+the old tree or the new one, never a mix). ``commit`` returns a ``Diff`` that names
+exactly which paths appeared, vanished or changed; the filesystem layer turns it into
+kernel cache invalidations. Nothing here imports pyfuse3 or does any I/O except the
+state-file helpers at the bottom.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from sandbox.errors import ControlError, SandboxError
+from sandbox.fakehw.tree import (
+    DeviceRecord,
+    DeviceState,
+    Dir,
+    Entry,
+    File,
+    Health,
+    Reason,
+    Symlink,
+    Tree,
+)
+
+Rebuild = Callable[[Mapping[str, DeviceState]], Tree]
+Kind = Literal["dir", "file", "link", "chr"]
+Op = Literal["health", "unplug", "plug", "set-vfs"]
+OPS: tuple[Op, ...] = ("health", "unplug", "plug", "set-vfs")
+STATE_FILE_VERSION = 1
+CACHE_TREES = 16
+_StatesKey = tuple[tuple[str, DeviceState], ...]
+
+
+def _key(states: Mapping[str, DeviceState]) -> _StatesKey:
+    default = DeviceState()
+    return tuple(sorted((k, v) for k, v in states.items() if v != default))
+
+
+def kind_of(entry: Entry) -> Kind:
+    if isinstance(entry, Dir):
+        return "dir"
+    if isinstance(entry, File):
+        return "file"
+    if isinstance(entry, Symlink):
+        return "link"
+    return "chr"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One requested change to one device (already validated by its producer)."""
+
+    op: Op
+    device: str
+    health: Health | None = None
+    reason: Reason | None = None
+    num_vfs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.op == "health":
+            if self.health is None:
+                raise ControlError("health: a health value is required")
+            if self.health is Health.HEALTHY and self.reason is not None:
+                raise ControlError("health: a healthy device takes no reason")
+            if self.health is Health.UNHEALTHY and self.reason is None:
+                raise ControlError("health: an unhealthy device needs a reason")
+        if self.op == "set-vfs" and (self.num_vfs is None or self.num_vfs < 0):
+            raise ControlError("set-vfs: num_vfs must be a non-negative integer")
+
+
+def next_state(state: DeviceState, change: Change) -> DeviceState:
+    """The state a device is in after ``change``.
+
+    ``health unhealthy removed`` also unplugs (the device fell off the bus); ``plug``
+    of a device removed that way brings it back healthy.
+    """
+    if change.op == "health":
+        assert change.health is not None
+        plugged = state.plugged and change.reason is not Reason.REMOVED
+        return replace(state, health=change.health, reason=change.reason, plugged=plugged)
+    if change.op == "unplug":
+        return replace(state, plugged=False)
+    if change.op == "plug":
+        if state.reason is Reason.REMOVED:
+            return replace(state, plugged=True, health=Health.HEALTHY, reason=None)
+        return replace(state, plugged=True)
+    return replace(state, num_vfs=change.num_vfs)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A tree and its flat index (path -> entry; the root is ``""``)."""
+
+    tree: Tree
+    index: Mapping[str, Entry]
+    version: int
+
+    @classmethod
+    def of(cls, tree: Tree, version: int) -> Snapshot:
+        index: dict[str, Entry] = {"": tree.root}
+        index.update(tree.walk())
+        return cls(tree, index, version)
+
+
+@dataclass(frozen=True)
+class Diff:
+    """What changed between two snapshots, as (path, kind) pairs.
+
+    ``removed`` holds paths that vanished or whose kind changed (with the OLD kind),
+    sorted parents first; ``added`` paths that appeared (or re-appeared with a new kind);
+    ``changed`` paths of the same kind whose bytes, target, mode or major:minor differ;
+    ``dirs`` directories whose listing changed.
+    """
+
+    removed: tuple[tuple[str, Kind], ...] = ()
+    added: tuple[tuple[str, Kind], ...] = ()
+    changed: tuple[tuple[str, Kind], ...] = ()
+    dirs: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.removed or self.added or self.changed or self.dirs)
+
+
+def diff_index(old: Mapping[str, Entry], new: Mapping[str, Entry]) -> Diff:
+    """Compare two flat indexes (see ``Snapshot``). Pure."""
+    removed: list[tuple[str, Kind]] = []
+    added: list[tuple[str, Kind]] = []
+    changed: list[tuple[str, Kind]] = []
+    dirs: set[str] = set()
+    for path, before in old.items():
+        after = new.get(path)
+        if after is before:
+            continue
+        if after is None or type(after) is not type(before):
+            removed.append((path, kind_of(before)))
+            dirs.add(path.rpartition("/")[0])
+            if after is not None:
+                added.append((path, kind_of(after)))
+            continue
+        if isinstance(before, Dir) and isinstance(after, Dir):
+            # Children are compared as paths of their own; only the mode is the dir's.
+            if before.mode != after.mode:
+                changed.append((path, "dir"))
+        elif before != after:
+            changed.append((path, kind_of(before)))
+    for path, after in new.items():
+        if path not in old:
+            added.append((path, kind_of(after)))
+            dirs.add(path.rpartition("/")[0])
+    # A directory that vanished itself needs no listing refresh.
+    gone = {p for p, k in removed if k == "dir" and p not in new}
+    return Diff(
+        removed=tuple(sorted(removed)),
+        added=tuple(sorted(added)),
+        changed=tuple(sorted(changed)),
+        dirs=tuple(sorted(d for d in dirs if d not in gone)),
+    )
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A prepared, not yet visible change: the result of ``LiveTree.prepare``."""
+
+    change: Change
+    states: Mapping[str, DeviceState]
+    snapshot: Snapshot
+    base_version: int
+
+
+class LiveTree:
+    """Current states and tree of one served node. Not thread-safe: ``commit`` and reads
+    belong to one thread (the server's trio thread); ``prepare`` may run elsewhere."""
+
+    def __init__(
+        self,
+        rebuild: Rebuild,
+        states: Mapping[str, DeviceState] | None = None,
+        *,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._rebuild = rebuild
+        self._clock = clock
+        self._versions = itertools.count(1)
+        # rebuild is pure, so trees are memoised by states: a fault that flips back and
+        # forth costs one build per distinct state, not one per change.
+        self._cache: OrderedDict[_StatesKey, Snapshot] = OrderedDict()
+        self.states: dict[str, DeviceState] = dict(states or {})
+        self.snapshot = Snapshot.of(rebuild(self.states), 0)
+        self._cache[_key(self.states)] = self.snapshot
+        self.started_ns = clock()
+        self._changed_ns: dict[str, int] = {}
+        # Unplugged devices are absent from a tree, so learn every device once from a
+        # tree with all of them plugged in.
+        everyone = self.snapshot.tree
+        if any(not s.plugged for s in self.states.values()):
+            everyone = rebuild({k: replace(s, plugged=True) for k, s in self.states.items()})
+        self.records: dict[str, DeviceRecord] = dict(everyone.devices)
+        self.records.update(self.snapshot.tree.devices)
+        for unknown in set(self.states) - set(self.records):
+            del self.states[unknown]
+
+    # -- reading ----------------------------------------------------------------------
+    def state(self, device: str) -> DeviceState:
+        return self.states.get(device, DeviceState())
+
+    def device_list(self) -> list[DeviceRecord]:
+        """Every device the node has (plugged or not), with its current state."""
+        return [replace(self.records[d], state=self.state(d)) for d in sorted(self.records)]
+
+    def changed_ns(self, path: str) -> int:
+        """When the entry at ``path`` last changed (the mount time if never)."""
+        return self._changed_ns.get(path, self.started_ns)
+
+    # -- changing ---------------------------------------------------------------------
+    def prepare(self, change: Change) -> Pending | None:
+        """Compute the states and tree after ``change``; None if it changes nothing.
+
+        Raises ControlError for an unknown device or a state the builder rejects.
+        """
+        if change.device not in self.records:
+            known = ", ".join(sorted(self.records)) or "none"
+            raise ControlError(f"unknown device {change.device!r} (have {known})")
+        before = self.state(change.device)
+        after = next_state(before, change)
+        if after == before:
+            return None
+        states = dict(self.states)
+        states[change.device] = after
+        key = _key(states)
+        snapshot = self._cache.get(key)
+        if snapshot is None:
+            try:
+                tree = self._rebuild(states)
+            except ControlError:
+                raise
+            except (SandboxError, ValueError, KeyError) as exc:
+                # The builder refuses this state (e.g. more VFs than sriov_totalvfs).
+                raise ControlError(f"{change.op} {change.device}: {exc}") from exc
+            snapshot = Snapshot.of(tree, next(self._versions))
+        return Pending(change, states, snapshot, self.snapshot.version)
+
+    def commit(self, pending: Pending) -> Diff:
+        """Make a prepared change visible and return what differs from before."""
+        if pending.base_version != self.snapshot.version:
+            raise ControlError("concurrent change: prepare again")
+        old = self.snapshot
+        self.snapshot = pending.snapshot
+        self.states = dict(pending.states)
+        key = _key(self.states)
+        self._cache[key] = pending.snapshot
+        self._cache.move_to_end(key)
+        while len(self._cache) > CACHE_TREES:
+            self._cache.popitem(last=False)
+        self.records.update(pending.snapshot.tree.devices)
+        diff = diff_index(old.index, pending.snapshot.index)
+        now = self._clock()
+        for path, _ in (*diff.added, *diff.changed):
+            self._changed_ns[path] = now
+        for path in diff.dirs:
+            self._changed_ns[path] = now
+        return diff
+
+    def apply(self, change: Change) -> Diff:
+        """``prepare`` then ``commit`` in one step (for single-threaded callers)."""
+        pending = self.prepare(change)
+        return self.commit(pending) if pending is not None else Diff()
+
+
+# -- state files ------------------------------------------------------------------------
+def state_to_json(state: DeviceState) -> dict[str, Any]:
+    return {
+        "health": state.health.value,
+        "reason": state.reason.value if state.reason else None,
+        "plugged": state.plugged,
+        "num_vfs": state.num_vfs,
+    }
+
+
+def state_from_json(obj: object, where: str) -> DeviceState:
+    if not isinstance(obj, dict):
+        raise ControlError(f"{where}: expected an object")
+    try:
+        health = Health(obj.get("health", "healthy"))
+        raw_reason = obj.get("reason")
+        reason = Reason(raw_reason) if raw_reason is not None else None
+    except ValueError as exc:
+        raise ControlError(f"{where}: {exc}") from exc
+    plugged = obj.get("plugged", True)
+    num_vfs = obj.get("num_vfs")
+    if not isinstance(plugged, bool):
+        raise ControlError(f"{where}.plugged: expected true or false")
+    if num_vfs is not None and (not isinstance(num_vfs, int) or isinstance(num_vfs, bool)):
+        raise ControlError(f"{where}.num_vfs: expected an integer or null")
+    return DeviceState(health=health, reason=reason, plugged=plugged, num_vfs=num_vfs)
+
+
+def save_states(path: Path, states: Mapping[str, DeviceState]) -> None:
+    """Write states atomically (temp file, rename): a killed server leaves old or new.
+
+    No fsync: it costs 10-150 ms per change here, and a sandbox need not survive power
+    loss; a crash of the server process is what this guards against. One writer per
+    file (the server, under its lock), so the temp name is fixed."""
+    doc = {
+        "v": STATE_FILE_VERSION,
+        "devices": {k: state_to_json(states[k]) for k in sorted(states)},
+    }
+    data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+def load_states(path: Path) -> dict[str, DeviceState]:
+    """Read a state file written by ``save_states``; {} if there is none."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ControlError(f"{path}: not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("v") != STATE_FILE_VERSION:
+        raise ControlError(f"{path}: expected a version {STATE_FILE_VERSION} state file")
+    devices = doc.get("devices")
+    if not isinstance(devices, dict):
+        raise ControlError(f"{path}: devices: expected an object")
+    return {str(k): state_from_json(v, f"{path}: devices.{k}") for k, v in devices.items()}
+
+
+def describe(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
+    """Devices as the control API's ``get`` reports them."""
+    return [
+        {
+            "id": r.id,
+            "kind": r.kind,
+            "vendor": r.vendor,
+            "model": r.model,
+            "pci_address": r.pci_address,
+            "numa_node": r.numa_node,
+            "dev_nodes": list(r.dev_nodes),
+            "state": state_to_json(r.state),
+        }
+        for r in records
+    ]

@@ -1,0 +1,415 @@
+"""Fault scenarios: a timeline of control calls, loaded from YAML and run against a node.
+
+    version: 1
+    seed: 7                       # for storms; default 0
+    steps:
+      - {at: 0.5, do: health, device: gpu0, health: unhealthy, reason: aer-fatal}
+      - {at: 1.0, do: unplug, device: nic0, repeat: 3, every: 2.0}
+      - {at: 1.5, do: plug, device: nic0, repeat: 3, every: 2.0}
+      - {at: 2.0, do: set-vfs, device: gpu1, num_vfs: 4}
+      - {at: 3.0, do: storm, changes: 100, over: 5.0, devices: [gpu0, gpu1],
+         ops: [health, unplug, plug]}
+      - {at: 9.0, expect: {gpu0: {plugged: true}, gpu1: {num_vfs: 4}}}
+
+``load_scenario`` validates the whole file and reports every problem at once
+(``ScenarioError``). ``expand`` turns a scenario into a flat, time-sorted list of
+``Action``s (pure: a storm is drawn from ``random.Random`` seeded by the scenario seed and
+the step number, so the same file always gives the same changes). ``run_scenario``
+performs the actions through a ``ControlClient`` at their times and returns the
+``expect`` checks for the caller to assert on.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeGuard
+
+import yaml
+
+from sandbox.errors import ControlError, ScenarioError
+from sandbox.fakehw.live import OPS, Change, Op
+from sandbox.fakehw.tree import Health, Reason
+
+ACTIONS = (*OPS, "storm")
+STORM_OPS_DEFAULT: tuple[Op, ...] = ("health", "unplug", "plug")
+STORM_HEALTH = (
+    (Health.HEALTHY, None),
+    (Health.UNHEALTHY, Reason.AER_FATAL),
+    (Health.UNHEALTHY, Reason.LINK_DOWN),
+    (Health.UNHEALTHY, Reason.PORT_DOWN),
+)
+EXPECT_KEYS = ("health", "reason", "plugged", "num_vfs")
+_STEP_KEYS = {
+    "health": {"device", "health", "reason"},
+    "unplug": {"device"},
+    "plug": {"device"},
+    "set-vfs": {"device", "num_vfs"},
+    "storm": {"changes", "over", "devices", "ops", "seed", "max_vfs"},
+}
+_COMMON = {"at", "do", "repeat", "every", "expect"}
+
+
+@dataclass(frozen=True)
+class Step:
+    at: float
+    do: str | None  # an op, "storm", or None for an expect-only step
+    args: Mapping[str, Any]
+    repeat: int = 1
+    every: float = 0.0
+    expect: Mapping[str, Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    steps: tuple[Step, ...]
+    seed: int = 0
+    source: str = "<scenario>"
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing to do at ``at`` seconds: a change, then optionally a check."""
+
+    at: float
+    step: int
+    change: Change | None
+    expect: Mapping[str, Mapping[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    at: float
+    step: int
+    device: str
+    expected: Mapping[str, Any]
+    actual: Mapping[str, Any] | None
+
+    @property
+    def ok(self) -> bool:
+        return self.actual is not None and all(
+            self.actual.get(k) == v for k, v in self.expected.items()
+        )
+
+    def __str__(self) -> str:
+        verdict = "ok" if self.ok else f"FAILED, got {self.actual}"
+        return f"steps[{self.step}] at {self.at:g}s: {self.device} {dict(self.expected)}: {verdict}"
+
+
+@dataclass
+class ScenarioResult:
+    applied: list[tuple[Action, dict[str, Any]]] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class Client(Protocol):
+    """What the runner needs from a ``ControlClient``."""
+
+    def request(self, op: str, **fields: Any) -> dict[str, Any]: ...
+
+    def devices(self) -> dict[str, dict[str, Any]]: ...
+
+
+# -- loading ------------------------------------------------------------------------------
+class _Problems:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.lines: list[str] = []
+
+    def __call__(self, where: str, msg: str) -> None:
+        self.lines.append(f"{self.source}: {where}: {msg}")
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except OSError as exc:
+        raise ScenarioError([f"{p}: cannot read: {exc.strerror}"]) from exc
+    except yaml.YAMLError as exc:
+        raise ScenarioError([f"{p}: not YAML: {exc}"]) from exc
+    return parse_scenario(doc, source=str(p))
+
+
+def _num(v: object) -> TypeGuard[int | float]:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse_scenario(doc: object, *, source: str = "<scenario>") -> Scenario:
+    """Validate a decoded scenario document; raises ScenarioError listing every problem."""
+    bad = _Problems(source)
+    if not isinstance(doc, dict):
+        raise ScenarioError([f"{source}: expected a mapping with `steps`"])
+    for key in sorted(set(doc) - {"version", "seed", "steps", "name", "description"}):
+        bad(str(key), "unknown field")
+    if doc.get("version", 1) != 1:
+        bad("version", f"unsupported version {doc.get('version')!r} (have 1)")
+    seed = doc.get("seed", 0)
+    if not _int(seed):
+        bad("seed", "expected an integer")
+        seed = 0
+    raw_steps = doc.get("steps")
+    if not isinstance(raw_steps, list) or not raw_steps:
+        bad("steps", "expected a non-empty list")
+        raw_steps = []
+    steps = []
+    for i, raw in enumerate(raw_steps):
+        step = _parse_step(raw, f"steps[{i}]", bad)
+        if step is not None:
+            steps.append(step)
+    if bad.lines:
+        raise ScenarioError(bad.lines)
+    return Scenario(tuple(steps), seed, source)
+
+
+def _parse_step(raw: object, where: str, bad: _Problems) -> Step | None:
+    if not isinstance(raw, dict):
+        bad(where, "expected a mapping")
+        return None
+    n_before = len(bad)
+    at = raw.get("at")
+    if not _num(at) or at < 0:
+        bad(f"{where}.at", "expected a number of seconds >= 0")
+    do = raw.get("do")
+    expect = raw.get("expect")
+    if do is None and expect is None:
+        bad(where, "needs `do` or `expect`")
+    if do is not None and do not in ACTIONS:
+        bad(f"{where}.do", f"unknown action {do!r} (expected {', '.join(ACTIONS)})")
+        do = None
+    allowed = _COMMON | (_STEP_KEYS[do] if do else set())
+    for key in sorted(set(raw) - allowed, key=str):
+        bad(f"{where}.{key}", "unknown field" + (f" for {do}" if do else ""))
+    repeat = raw.get("repeat", 1)
+    every = raw.get("every", 0.0)
+    if not _int(repeat) or repeat < 1:
+        bad(f"{where}.repeat", "expected an integer >= 1")
+        repeat = 1
+    if not _num(every) or every < 0:
+        bad(f"{where}.every", "expected a number of seconds >= 0")
+    elif repeat > 1 and every <= 0:
+        bad(f"{where}.every", "required (> 0) when repeat > 1")
+    if do in OPS:
+        _check_op_args(do, raw, where, bad)
+    if do == "storm":
+        _check_storm(raw, where, bad)
+    if expect is not None:
+        _check_expect(expect, f"{where}.expect", bad)
+    if len(bad) != n_before or not _num(at) or not _num(every):
+        return None
+    args = {k: v for k, v in raw.items() if k not in _COMMON}
+    return Step(float(at), do, args, repeat, float(every), expect)
+
+
+def _check_op_args(op: str, raw: Mapping[str, Any], where: str, bad: _Problems) -> None:
+    device = raw.get("device")
+    if not isinstance(device, str) or not device:
+        bad(f"{where}.device", "expected a device id such as gpu0")
+    if op == "health":
+        h = raw.get("health")
+        if h not in [x.value for x in Health]:
+            bad(f"{where}.health", "expected healthy or unhealthy")
+        reason = raw.get("reason")
+        reasons = [r.value for r in Reason]
+        if h == "unhealthy" and reason not in reasons:
+            bad(f"{where}.reason", f"expected one of {', '.join(reasons)}")
+        if h == "healthy" and reason is not None:
+            bad(f"{where}.reason", "a healthy device takes no reason")
+    if op == "set-vfs":
+        n = raw.get("num_vfs")
+        if not _int(n) or n < 0:
+            bad(f"{where}.num_vfs", "expected an integer >= 0")
+
+
+def _check_storm(raw: Mapping[str, Any], where: str, bad: _Problems) -> None:
+    changes = raw.get("changes")
+    if not _int(changes) or changes < 1:
+        bad(f"{where}.changes", "expected an integer >= 1")
+    over = raw.get("over", 0.0)
+    if not _num(over) or over < 0:
+        bad(f"{where}.over", "expected a number of seconds >= 0")
+    devices = raw.get("devices")
+    if devices is not None and (
+        not isinstance(devices, list)
+        or not devices
+        or not all(isinstance(d, str) and d for d in devices)
+    ):
+        bad(f"{where}.devices", "expected a non-empty list of device ids")
+    ops = raw.get("ops")
+    if ops is not None and (not isinstance(ops, list) or not ops or not set(ops) <= set(OPS)):
+        bad(f"{where}.ops", f"expected a non-empty list of {', '.join(OPS)}")
+    if "seed" in raw and not _int(raw["seed"]):
+        bad(f"{where}.seed", "expected an integer")
+    if "max_vfs" in raw and (not _int(raw["max_vfs"]) or raw["max_vfs"] < 0):
+        bad(f"{where}.max_vfs", "expected an integer >= 0")
+
+
+def _check_expect(expect: object, where: str, bad: _Problems) -> None:
+    if not isinstance(expect, dict) or not expect:
+        bad(where, "expected a mapping of device id to expected state")
+        return
+    for dev, want in expect.items():
+        w = f"{where}.{dev}"
+        if not isinstance(want, dict) or not want:
+            bad(w, f"expected a mapping with some of {', '.join(EXPECT_KEYS)}")
+            continue
+        for key in sorted(set(want) - set(EXPECT_KEYS), key=str):
+            bad(f"{w}.{key}", f"unknown field (expected {', '.join(EXPECT_KEYS)})")
+        if "health" in want and want["health"] not in [h.value for h in Health]:
+            bad(f"{w}.health", "expected healthy or unhealthy")
+        if "reason" in want and want["reason"] not in [*(r.value for r in Reason), None]:
+            bad(f"{w}.reason", "expected a reason or null")
+        if "plugged" in want and not isinstance(want["plugged"], bool):
+            bad(f"{w}.plugged", "expected true or false")
+        if "num_vfs" in want and want["num_vfs"] is not None and not _int(want["num_vfs"]):
+            bad(f"{w}.num_vfs", "expected an integer or null")
+
+
+# -- expanding ----------------------------------------------------------------------------
+def _change(op: str, args: Mapping[str, Any]) -> Change:
+    if op == "health":
+        h = Health(args["health"])
+        r = Reason(args["reason"]) if args.get("reason") is not None else None
+        return Change("health", args["device"], health=h, reason=r)
+    if op == "set-vfs":
+        return Change("set-vfs", args["device"], num_vfs=args["num_vfs"])
+    if op == "unplug":
+        return Change("unplug", args["device"])
+    return Change("plug", args["device"])
+
+
+def storm(
+    rng: random.Random,
+    *,
+    start: float,
+    changes: int,
+    over: float,
+    devices: Sequence[str],
+    ops: Sequence[Op] = STORM_OPS_DEFAULT,
+    max_vfs: int = 0,
+    step: int = 0,
+) -> list[Action]:
+    """``changes`` random changes spread evenly over ``over`` seconds from ``start``."""
+    out = []
+    for k in range(changes):
+        op = rng.choice(ops)
+        device = rng.choice(devices)
+        if op == "health":
+            h, r = rng.choice(STORM_HEALTH)
+            change = Change("health", device, health=h, reason=r)
+        elif op == "set-vfs":
+            change = Change("set-vfs", device, num_vfs=rng.randint(0, max_vfs))
+        else:
+            change = Change(op, device)
+        out.append(Action(start + over * k / changes, step, change))
+    return out
+
+
+def expand(scenario: Scenario, devices: Sequence[str]) -> list[Action]:
+    """Every action of ``scenario`` in time order (stable for equal times). Pure.
+
+    ``devices`` is the node's device list, used by storms without their own."""
+    actions: list[Action] = []
+    for i, st in enumerate(scenario.steps):
+        if st.do == "storm":
+            rng = random.Random(int(st.args.get("seed", scenario.seed)) * 1_000_003 + i)
+            for r in range(st.repeat):
+                actions += storm(
+                    rng,
+                    start=st.at + r * st.every,
+                    changes=st.args["changes"],
+                    over=float(st.args.get("over", 0.0)),
+                    devices=st.args.get("devices") or list(devices),
+                    ops=st.args.get("ops") or STORM_OPS_DEFAULT,
+                    max_vfs=st.args.get("max_vfs", 0),
+                    step=i,
+                )
+            if st.expect:
+                end = st.at + (st.repeat - 1) * st.every + float(st.args.get("over", 0.0))
+                actions.append(Action(end, i, None, st.expect))
+            continue
+        for r in range(st.repeat):
+            last = r == st.repeat - 1
+            change = _change(st.do, st.args) if st.do else None
+            actions.append(Action(st.at + r * st.every, i, change, st.expect if last else None))
+    return sorted(actions, key=lambda a: a.at)
+
+
+# -- running ------------------------------------------------------------------------------
+def _request(change: Change) -> dict[str, Any]:
+    fields: dict[str, Any] = {"device": change.device}
+    if change.op == "health":
+        assert change.health is not None
+        fields["health"] = change.health.value
+        if change.reason is not None:
+            fields["reason"] = change.reason.value
+    if change.op == "set-vfs":
+        fields["num_vfs"] = change.num_vfs
+    return fields
+
+
+def apply_action(client: Client, change: Change) -> dict[str, Any]:
+    """Send one change through the client (the same request the CLI would send)."""
+    return client.request(change.op, **_request(change))
+
+
+def run_scenario(
+    scenario: Scenario,
+    client: Client,
+    *,
+    speed: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_action: Callable[[Action, dict[str, Any]], None] | None = None,
+) -> ScenarioResult:
+    """Perform ``scenario`` through ``client`` in real time (``speed`` 2 = twice as fast).
+
+    Stops with ScenarioError at the first change the server refuses. Expectations are
+    recorded, not raised: check ``result.ok`` / ``result.failures``."""
+    if speed <= 0:
+        raise ScenarioError([f"{scenario.source}: speed must be > 0"])
+    try:
+        devices = sorted(client.devices())
+    except ControlError as exc:
+        raise ScenarioError([f"{scenario.source}: cannot list devices: {exc}"]) from exc
+    result = ScenarioResult()
+    t0 = clock()
+    for action in expand(scenario, devices):
+        delay = t0 + action.at / speed - clock()
+        if delay > 0:
+            sleep(delay)
+        if action.change is not None:
+            try:
+                reply = apply_action(client, action.change)
+            except ControlError as exc:
+                raise ScenarioError(
+                    [f"{scenario.source}: steps[{action.step}] at {action.at:g}s: {exc}"]
+                ) from exc
+            result.applied.append((action, reply))
+            if on_action is not None:
+                on_action(action, reply)
+        if action.expect:
+            now = client.devices()
+            for dev, want in action.expect.items():
+                got = now.get(dev)
+                actual = got["state"] if got else None
+                result.checks.append(Check(action.at, action.step, dev, want, actual))
+    return result

@@ -1,0 +1,44 @@
+"""Runtimes: where a sandbox's nodes run. See ``base`` for the interface.
+
+    local   FUSE trees + our plugins + the kubelet harness, no Kubernetes (always works)
+    native  a real single-node Kubernetes built from source, as host processes
+    kind    kind clusters in Docker (needs a Docker daemon, kind and a node image)
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from sandbox.errors import SandboxError
+from sandbox.runtimes.base import Runtime
+
+RUNTIMES = {
+    "local": ("sandbox.runtimes.local", "LocalRuntime"),
+    "native": ("sandbox.runtimes.native", "NativeRuntime"),
+    "kind": ("sandbox.runtimes.kind", "KindRuntime"),
+}
+
+
+def runtime_for(name: str) -> Runtime:
+    try:
+        module, cls = RUNTIMES[name]
+    except KeyError:
+        raise SandboxError(f"unknown runtime {name!r} (have: {', '.join(RUNTIMES)})") from None
+    try:
+        runtime: Runtime = getattr(importlib.import_module(module), cls)()
+    except (ImportError, AttributeError) as exc:
+        raise SandboxError(f"runtime {name!r} is not available in this build: {exc}") from exc
+    return runtime
+
+
+def choose_runtime() -> tuple[Runtime, str]:
+    """The default runtime here, and why: kind where it can run, else local."""
+    try:
+        kind = runtime_for("kind")
+        reason = kind.unavailable_reason()
+    except SandboxError as exc:
+        reason = str(exc)
+    else:
+        if reason is None:
+            return kind, "Docker and kind are available"
+    return runtime_for("local"), f"kind is not usable here ({reason})"

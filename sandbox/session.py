@@ -1,0 +1,64 @@
+"""Finding running sandboxes: their state dirs, records and per-node control sockets.
+
+``up`` writes ``<state root>/<name>/sandbox.json``; every other verb finds a sandbox by
+``--name``, or takes the only one there is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import SandboxError
+from sandbox.runtimes.base import default_state_root, read_record
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    state_dir: Path
+    record: dict[str, Any]
+
+    @property
+    def runtime(self) -> str:
+        return str(self.record.get("runtime", "?"))
+
+    @property
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        nodes: dict[str, dict[str, Any]] = self.record.get("nodes", {})
+        return nodes
+
+    def socket(self, node: str) -> Path:
+        info = self.nodes.get(node)
+        if info is None:
+            known = ", ".join(self.nodes) or "none"
+            raise SandboxError(f"sandbox {self.name!r} has no node {node!r} (nodes: {known})")
+        return Path(info["socket"])
+
+
+def list_sessions(root: Path | None = None) -> list[Session]:
+    root = root or default_state_root()
+    out = []
+    if root.is_dir():
+        for d in sorted(root.iterdir()):
+            record = read_record(d) if d.is_dir() else None
+            if record is not None:
+                out.append(Session(d.name, d, record))
+    return out
+
+
+def find_session(name: str | None, root: Path | None = None) -> Session:
+    sessions = list_sessions(root)
+    if name is not None:
+        for s in sessions:
+            if s.name == name:
+                return s
+        known = ", ".join(s.name for s in sessions) or "none running"
+        raise SandboxError(f"no sandbox named {name!r} ({known}); start one with `sandbox up`")
+    if not sessions:
+        raise SandboxError("no sandbox is running; start one with `sandbox up PROFILE`")
+    if len(sessions) > 1:
+        names = ", ".join(s.name for s in sessions)
+        raise SandboxError(f"several sandboxes are running ({names}); pick one with --name")
+    return sessions[0]

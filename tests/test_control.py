@@ -1,0 +1,296 @@
+"""The control API (real server over a real unix socket, on a real mount) and scenarios."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.errors import ControlError, SandboxError
+from sandbox.fakehw.control import MAX_LINE, ControlClient, control_paths, parse_request
+from sandbox.fakehw.scenario import (
+    ScenarioError,
+    expand,
+    load_scenario,
+    parse_scenario,
+    run_scenario,
+)
+from tests.fakehw_toy import Server, start_server
+
+GPU0 = "sys/devices/pci0000:00/0000:10:00.0"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("ctl") / "root")
+    try:
+        yield srv
+        assert srv.proc.poll() is None, "the server died during the module"
+        assert srv.unmount() == 0
+    finally:
+        srv.cleanup()
+
+
+@pytest.fixture
+def client(server: Server) -> Iterator[ControlClient]:
+    with ControlClient(server.socket) as c:
+        yield c
+        # leave the node as the next test expects it
+        for dev in ("gpu0", "gpu1", "gpu2", "nic0"):
+            c.plug(dev)
+            c.health(dev, "healthy")
+            c.set_vfs(dev, 0) if dev != "nic0" else None
+
+
+def test_socket_is_root_only_next_to_the_mount(server: Server) -> None:
+    st = os.stat(server.socket)
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    assert st.st_uid == 0
+    assert server.socket == control_paths(server.root).socket
+    assert server.socket == server.root.parent / "root.sock"
+    assert control_paths("/x/node", "/run/s").socket == Path("/run/s/control.sock")
+
+
+def test_get_lists_every_device_with_state(client: ControlClient, server: Server) -> None:
+    reply = client.get()
+    assert reply["ok"] is True
+    assert reply["v"] == 1
+    assert reply["mount"] == str(server.root)
+    devs = {d["id"]: d for d in reply["devices"]}
+    assert sorted(devs) == ["gpu0", "gpu1", "gpu2", "nic0"]
+    assert devs["gpu0"]["pci_address"] == "0000:10:00.0"
+    assert devs["gpu0"]["state"] == {
+        "health": "healthy",
+        "reason": None,
+        "plugged": True,
+        "num_vfs": None,
+    }
+
+
+BAD_REQUESTS: list[tuple[bytes, str]] = [
+    (b"not json", "not a JSON line"),
+    (b"[1, 2]", "a request must be a JSON object"),
+    (b'{"op": "get"}', "v: missing protocol version"),
+    (b'{"v": 2, "op": "get"}', "v: unsupported protocol version 2 (have 1)"),
+    (b'{"v": 1}', "op: expected one of get, watch, health, unplug, plug, set-vfs, got None"),
+    (b'{"v": 1, "op": "explode"}', "op: expected one of"),
+    (b'{"v": 1, "op": "get", "device": "gpu0"}', "get: unexpected field(s) device"),
+    (b'{"v": 1, "op": "unplug"}', "unplug: device: expected a device id"),
+    (b'{"v": 1, "op": "unplug", "device": 3}', "unplug: device: expected a device id"),
+    (b'{"v": 1, "op": "unplug", "device": "gpu9"}', "unknown device 'gpu9' (have gpu0, gpu1"),
+    (b'{"v": 1, "op": "health", "device": "gpu0"}', "health: health: expected one of healthy"),
+    (
+        b'{"v": 1, "op": "health", "device": "gpu0", "health": "unhealthy"}',
+        "health: reason: expected one of aer-fatal, link-down, port-down, removed",
+    ),
+    (
+        b'{"v": 1, "op": "health", "device": "gpu0", "health": "healthy", "reason": "x"}',
+        "health: reason: a healthy device takes no reason",
+    ),
+    (b'{"v": 1, "op": "set-vfs", "device": "gpu0"}', "set-vfs: num_vfs: expected an integer"),
+    (b'{"v": 1, "op": "set-vfs", "device": "gpu0", "num_vfs": -1}', "num_vfs: expected"),
+    (b'{"v": 1, "op": "set-vfs", "device": "gpu0", "num_vfs": true}', "num_vfs: expected"),
+    (
+        b'{"v": 1, "op": "set-vfs", "device": "gpu0", "num_vfs": 9}',
+        "set-vfs gpu0: num_vfs 9 exceeds sriov_totalvfs 4",
+    ),
+    (b'{"v": 1, "op": "get", "id": [1]}', "id: expected a string or an integer"),
+]
+
+
+@pytest.mark.parametrize(("line", "message"), BAD_REQUESTS)
+def test_bad_request_gets_error_and_server_keeps_serving(
+    client: ControlClient, server: Server, line: bytes, message: str
+) -> None:
+    reply = client.send_line(line)
+    assert reply["ok"] is False
+    assert reply["v"] == 1
+    assert message in reply["error"]
+    # same connection still works, and so does the mount
+    assert client.get()["ok"] is True
+    assert (server.root / GPU0 / "vendor").read_text() == "0x8086\n"
+
+
+def test_id_is_echoed(client: ControlClient) -> None:
+    assert client.call({"v": 1, "op": "get", "id": "abc"})["id"] == "abc"
+    assert client.call({"v": 1, "op": "nope", "id": 7})["id"] == 7
+
+
+def test_oversized_line_is_refused_and_connection_closed(server: Server) -> None:
+    with ControlClient(server.socket) as c:
+        reply = c.send_line(b"x" * (MAX_LINE + 10))
+        assert reply["ok"] is False
+        assert "longer than" in reply["error"]
+        with pytest.raises(ControlError, match="closed the connection|send failed"):
+            c.get()
+    with ControlClient(server.socket) as c:
+        assert c.get()["ok"]
+
+
+def test_client_errors_are_control_errors(tmp_path: Path, client: ControlClient) -> None:
+    with pytest.raises(ControlError, match="cannot connect"):
+        ControlClient(tmp_path / "nothing.sock")
+    with pytest.raises(ControlError, match="unknown device"):
+        client.unplug("gpu7")
+    assert issubclass(ControlError, SandboxError)
+
+
+def test_change_reply_and_noop(client: ControlClient) -> None:
+    r = client.unplug("gpu2")
+    assert r["changed"] is True
+    assert r["state"]["plugged"] is False
+    assert client.unplug("gpu2")["changed"] is False
+    r = client.health("gpu2", "unhealthy", "removed")
+    assert (r["state"]["health"], r["state"]["reason"]) == ("unhealthy", "removed")
+    assert r["state"]["plugged"] is False
+    r = client.plug("gpu2")  # back from "removed": healthy again
+    assert (r["state"]["health"], r["state"]["reason"], r["state"]["plugged"]) == (
+        "healthy",
+        None,
+        True,
+    )
+
+
+def test_watch_streams_events_until_client_closes(server: Server, client: ControlClient) -> None:
+    watcher = ControlClient(server.socket, timeout=10)
+    events = watcher.watch()
+    client.health("gpu1", "unhealthy", "aer-fatal")
+    client.unplug("gpu1")
+    client.get()  # not an event
+    client.plug("gpu1")
+    got = [next(events) for _ in range(3)]
+    assert [(e["event"], e["op"], e["device"]) for e in got] == [
+        ("change", "health", "gpu1"),
+        ("change", "unplug", "gpu1"),
+        ("change", "plug", "gpu1"),
+    ]
+    assert got[1]["state"]["plugged"] is False
+    assert [e["seq"] for e in got] == [got[0]["seq"], got[0]["seq"] + 1, got[0]["seq"] + 2]
+    watcher.close()
+    # the server notices the closed watcher and keeps serving
+    client.health("gpu1", "healthy")
+    assert client.get()["ok"]
+
+
+def test_parse_request_accepts_good_requests() -> None:
+    r = parse_request(
+        {"v": 1, "op": "health", "device": "n", "health": "unhealthy", "reason": "port-down"}
+    )
+    assert r.change is not None
+    assert r.change.reason is not None
+    assert r.change.reason.value == "port-down"
+    assert parse_request({"v": 1, "op": "watch", "id": 3}).id == 3
+
+
+# -- scenarios --------------------------------------------------------------------------
+SCENARIO = """
+version: 1
+seed: 5
+steps:
+  - {at: 0.0, do: health, device: gpu0, health: unhealthy, reason: aer-fatal}
+  - {at: 0.05, do: unplug, device: nic0, repeat: 2, every: 0.1}
+  - {at: 0.1, do: plug, device: nic0, repeat: 2, every: 0.1}
+  - {at: 0.2, do: set-vfs, device: gpu1, num_vfs: 3,
+     expect: {gpu1: {num_vfs: 3, plugged: true}}}
+  - {at: 0.3, do: storm, changes: 20, over: 0.2, devices: [gpu2], ops: [unplug, plug]}
+  - {at: 0.6, do: plug, device: gpu2}
+  - at: 0.7
+    expect:
+      gpu0: {health: unhealthy, reason: aer-fatal}
+      nic0: {plugged: true}
+      gpu2: {plugged: true}
+"""
+
+
+def test_scenario_runs_and_expectations_hold(
+    tmp_path: Path, server: Server, client: ControlClient
+) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO)
+    sc = load_scenario(path)
+    result = run_scenario(sc, client, speed=2.0)
+    assert result.ok, [str(c) for c in result.failures]
+    assert len(result.checks) == 4
+    assert len(result.applied) == 1 + 2 + 2 + 1 + 20 + 1
+    assert (server.root / GPU0 / "aer_dev_fatal").read_text().endswith("TOTAL_ERR_FATAL 1\n")
+    # a failing expectation is reported, not raised
+    bad = parse_scenario({"steps": [{"at": 0, "expect": {"gpu0": {"plugged": False}}}]})
+    failed = run_scenario(bad, client)
+    assert not failed.ok
+    assert "FAILED" in str(failed.failures[0])
+
+
+def test_storm_is_deterministic_per_seed() -> None:
+    sc = parse_scenario({"seed": 1, "steps": [{"at": 1, "do": "storm", "changes": 50, "over": 5}]})
+    a = expand(sc, ["gpu0", "gpu1"])
+    assert a == expand(sc, ["gpu0", "gpu1"])
+    assert len(a) == 50
+    assert a[0].at == 1
+    assert a[-1].at < 6
+    other = parse_scenario(
+        {"seed": 2, "steps": [{"at": 1, "do": "storm", "changes": 50, "over": 5}]}
+    )
+    assert expand(other, ["gpu0", "gpu1"]) != a
+
+
+def test_scenario_refused_change_raises(client: ControlClient) -> None:
+    sc = parse_scenario({"steps": [{"at": 0, "do": "unplug", "device": "gpu42"}]}, source="x.yaml")
+    with pytest.raises(ScenarioError, match=r"x.yaml: steps\[0\] at 0s: unplug: unknown device"):
+        run_scenario(sc, client)
+
+
+def test_scenario_validation_reports_every_problem(tmp_path: Path) -> None:
+    doc = {
+        "version": 2,
+        "bogus": 1,
+        "steps": [
+            {"at": -1, "do": "unplug", "device": "gpu0"},
+            {"at": 1, "do": "explode"},
+            {"at": 1, "do": "health", "device": "gpu0", "health": "unhealthy"},
+            {"at": 1, "do": "unplug", "device": "gpu0", "repeat": 3},
+            {"at": 1, "do": "storm", "changes": 0, "ops": ["dance"]},
+            {"at": 1, "expect": {"gpu0": {"color": "red", "plugged": "yes"}}},
+            {"at": 1},
+            {"at": 1, "do": "set-vfs", "device": "gpu0", "num_vfs": 2, "extra": 1},
+        ],
+    }
+    with pytest.raises(ScenarioError) as exc:
+        parse_scenario(doc, source="s.yaml")
+    assert exc.value.problems == [
+        "s.yaml: bogus: unknown field",
+        "s.yaml: version: unsupported version 2 (have 1)",
+        "s.yaml: steps[0].at: expected a number of seconds >= 0",
+        "s.yaml: steps[1].do: unknown action 'explode' "
+        "(expected health, unplug, plug, set-vfs, storm)",
+        "s.yaml: steps[2].reason: expected one of aer-fatal, link-down, port-down, removed",
+        "s.yaml: steps[3].every: required (> 0) when repeat > 1",
+        "s.yaml: steps[4].changes: expected an integer >= 1",
+        "s.yaml: steps[4].ops: expected a non-empty list of health, unplug, plug, set-vfs",
+        "s.yaml: steps[5].expect.gpu0.color: unknown field "
+        "(expected health, reason, plugged, num_vfs)",
+        "s.yaml: steps[5].expect.gpu0.plugged: expected true or false",
+        "s.yaml: steps[6]: needs `do` or `expect`",
+        "s.yaml: steps[7].extra: unknown field for set-vfs",
+    ]
+    (tmp_path / "bad.yaml").write_text("steps: [")
+    with pytest.raises(ScenarioError, match="bad.yaml: not YAML"):
+        load_scenario(tmp_path / "bad.yaml")
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "missing.yaml")
+
+
+def test_raw_socket_protocol(server: Server) -> None:
+    """The wire format without our client: newline-delimited JSON, replies in order."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(server.socket))
+        s.sendall(b'{"v":1,"op":"get","id":1}\n\n{"v":1,"op":"get","id":2}\n')
+        f = s.makefile("rb")
+        first, second = json.loads(f.readline()), json.loads(f.readline())
+        f.close()
+    assert (first["id"], second["id"]) == (1, 2)

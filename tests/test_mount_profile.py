@@ -1,0 +1,179 @@
+"""`sandbox mount` of a real profile: the live mount equals the render, faults show at once.
+
+Everything goes through the CLI a user would type (`sandbox mount --daemon`,
+`sandbox render`, `sandbox fault --socket ...`) and the real readers.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.agent import unmount
+from sandbox.fakehw.control import ControlClient
+from tests.fakehw_toy import require_fuse
+from tests.readers import lstopo
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "profiles" / "8gpu-2numa.yaml"
+
+
+def sandbox(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], cwd=ROOT, text=True,
+                          capture_output=True, check=False, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    require_fuse()
+    base = tmp_path_factory.mktemp("mount")
+    root = base / "root"
+    result = sandbox("mount", str(PROFILE), "--node", "gpu-worker", str(root), "--daemon",
+                     "--state-dir", str(base), "--pid-file", str(base / "pid"))
+    assert result.returncode == 0, result.stderr
+    pid = int((base / "pid").read_text())
+    try:
+        yield root, base / "control.sock"
+    finally:
+        unmount(root)
+        for _ in range(200):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"server {pid} did not exit after unmount")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("render") / "root"
+    result = sandbox("render", str(PROFILE), "--node", "gpu-worker", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def _snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:
+    """Every entry below root: type and content (file bytes, link target)."""
+    out: dict[str, tuple[str, bytes | str]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath, name)
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                out[rel] = ("link", os.readlink(path))
+            elif path.is_dir():
+                out[rel] = ("dir", "")
+            elif path.is_char_device():
+                out[rel] = ("chr", "")
+            else:
+                out[rel] = ("file", path.read_bytes())
+    return out
+
+
+def test_mount_serves_the_same_bytes_and_links_as_render(mounted: tuple[Path, Path],
+                                                         rendered: Path) -> None:
+    root, _ = mounted
+    live = _snapshot(root)
+    plain = _snapshot(rendered)
+    # The render writes device entries as placeholders plus dev/.devices; the mount
+    # serves them as char devices. Everything else must be identical.
+    plain.pop("dev/.devices")
+    plain.pop(".hwsandbox-render", None)
+    for rel, (kind, _) in live.items():
+        if kind == "chr":
+            assert plain.pop(rel)[0] == "file"
+    live = {k: v for k, v in live.items() if v[0] != "chr"}
+    assert live.keys() == plain.keys()
+    different = [k for k in live if live[k] != plain[k]]
+    assert different == []
+
+
+def _gpus(xml: ET.Element) -> list[str]:
+    return sorted(o.get("pci_busid", "") for o in xml.iter("object")
+                  if o.get("type") == "PCIDev" and o.get("pci_type", "").startswith("0302"))
+
+
+def test_hwloc_sees_the_same_topology_through_the_mount(mounted: tuple[Path, Path],
+                                                        rendered: Path) -> None:
+    root, _ = mounted
+    a, b = lstopo(root), lstopo(rendered)
+    # gp_index numbers objects in discovery order, which follows readdir order: the
+    # on-disk render lists directories in hash order, the mount in sorted order.
+    for xml in (a, b):
+        for obj in xml.iter("object"):
+            obj.attrib.pop("gp_index", None)
+    assert ET.tostring(a) == ET.tostring(b)
+    assert len(_gpus(a)) == 8
+
+
+def test_unplug_and_plug_a_gpu_through_the_cli(mounted: tuple[Path, Path]) -> None:
+    root, sock = mounted
+    pci = root / "sys/bus/pci/devices/0000:03:00.0"
+    before = _snapshot(root)
+    assert pci.exists()
+    assert (root / "dev/nvidia2").exists()
+    started = time.monotonic()
+    result = sandbox("fault", "--socket", str(sock), "unplug", "gpu-worker", "gpu2")
+    assert result.returncode == 0, result.stderr
+    assert "gpu2: unplugged" in result.stdout
+    assert time.monotonic() - started < 5  # CLI start-up included; the change itself is ms
+    assert not pci.exists()
+    assert "nvidia2" not in os.listdir(root / "dev")
+    assert "0000:03:00.0" not in os.listdir(root / "sys/bus/pci/devices")
+    assert "0000:03:00.0" not in os.listdir(root / "sys/bus/pci/drivers/nvidia")
+    assert len(_gpus(lstopo(root))) == 7
+    result = sandbox("fault", "--socket", str(sock), "plug", "gpu-worker", "gpu2")
+    assert result.returncode == 0, result.stderr
+    assert _snapshot(root) == before
+    assert len(_gpus(lstopo(root))) == 8
+
+
+def test_health_flip_shows_in_aer_counters_on_next_open(mounted: tuple[Path, Path]) -> None:
+    root, sock = mounted
+    aer = root / "sys/bus/pci/devices/0000:81:00.0/aer_dev_fatal"
+    assert aer.read_text().splitlines()[-1] == "TOTAL_ERR_FATAL 0"
+    with ControlClient(sock) as client:
+        client.health("gpu4", "unhealthy", "aer-fatal")
+        assert aer.read_text().splitlines()[-1] == "TOTAL_ERR_FATAL 1"
+        client.health("gpu4", "healthy")
+    assert aer.read_text().splitlines()[-1] == "TOTAL_ERR_FATAL 0"
+
+
+def test_link_down_shows_in_operstate(mounted: tuple[Path, Path]) -> None:
+    root, sock = mounted
+    nets = sorted((root / "sys/class/net").iterdir())
+    pf = next(p for p in nets if (p / "device").resolve().name == "0000:05:00.0")
+    assert (pf / "operstate").read_text() == "up\n"
+    result = sandbox("fault", "--socket", str(sock), "health", "gpu-worker", "nic0",
+                     "unhealthy", "--reason", "link-down")
+    assert result.returncode == 0, result.stderr
+    assert (pf / "operstate").read_text() == "down\n"
+    assert (pf / "carrier").read_text() == "0\n"
+    sandbox("fault", "--socket", str(sock), "health", "gpu-worker", "nic0", "healthy")
+    assert (pf / "operstate").read_text() == "up\n"
+
+
+def test_fault_list_names_every_device(mounted: tuple[Path, Path]) -> None:
+    _, sock = mounted
+    result = sandbox("fault", "--socket", str(sock), "list")
+    assert result.returncode == 0, result.stderr
+    ids = [line.split()[1] for line in result.stdout.splitlines()[1:]]
+    assert ids == [f"gpu{i}" for i in range(8)] + ["nic0", "nic1"]
+
+
+def test_bad_fault_is_a_clear_error(mounted: tuple[Path, Path]) -> None:
+    _, sock = mounted
+    result = sandbox("fault", "--socket", str(sock), "unplug", "gpu-worker", "gpu99")
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: ")
+    assert "gpu99" in result.stderr
+    assert "Traceback" not in result.stderr
