@@ -1,0 +1,36 @@
+"""Reference device plugin: PCI devices under a root's sys/ and dev/ become extended resources.
+
+    discovery  the device model: sysfs/dev -> Device (resource, NUMA node, health, nodes)
+    packing    GetPreferredAllocation's NUMA packing, a pure function
+    config     the optional JSON config (extra rules, ignore list, PreStart options)
+    server     one v1beta1 DevicePlugin server per resource, registration and re-registration
+
+Run it as ``python -m hwplugins.deviceplugin --root DIR --kubelet-dir DIR``.
+"""
+
+from hwplugins.deviceplugin.config import Config, ConfigError, load_config
+from hwplugins.deviceplugin.discovery import (
+    DEFAULT_RULES,
+    HEALTHY,
+    UNHEALTHY,
+    Device,
+    Rule,
+    discover,
+)
+from hwplugins.deviceplugin.packing import pack
+from hwplugins.deviceplugin.server import ResourcePlugin, run
+
+__all__ = [
+    "DEFAULT_RULES",
+    "HEALTHY",
+    "UNHEALTHY",
+    "Config",
+    "ConfigError",
+    "Device",
+    "ResourcePlugin",
+    "Rule",
+    "discover",
+    "load_config",
+    "pack",
+    "run",
+]

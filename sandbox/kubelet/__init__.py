@@ -1,0 +1,43 @@
+"""A kubelet stand-in for plugin tests: device manager, plugin watcher, conformance check.
+
+devicemanager  Registration server on <dir>/kubelet.sock; plugin clients; restart();
+               allocate() with TopologyManager policies; snapshot(); the protocol log
+topology       NUMA hints, policy merge and device choice (pure)
+pluginwatcher  plugins_registry: GetInfo / NotifyRegistrationStatus; DRA prepare calls
+conformance    check(plugin_cmd): grade a plugin's kubelet protocol behaviour
+"""
+
+from sandbox.errors import AllocationError, KubeletError, TopologyAffinityError
+from sandbox.kubelet.conformance import CheckReport, CheckResult, check
+from sandbox.kubelet.devicemanager import (
+    Allocation,
+    DeviceInfo,
+    DeviceManager,
+    Event,
+    ResourceState,
+    Snapshot,
+    is_extended_resource_name,
+)
+from sandbox.kubelet.pluginwatcher import Claim, PluginWatcher, RegisteredPlugin
+from sandbox.kubelet.topology import Hint, Policy
+
+__all__ = [
+    "Allocation",
+    "AllocationError",
+    "CheckReport",
+    "CheckResult",
+    "Claim",
+    "DeviceInfo",
+    "DeviceManager",
+    "Event",
+    "Hint",
+    "KubeletError",
+    "PluginWatcher",
+    "Policy",
+    "RegisteredPlugin",
+    "ResourceState",
+    "Snapshot",
+    "TopologyAffinityError",
+    "check",
+    "is_extended_resource_name",
+]
