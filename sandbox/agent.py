@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -133,16 +134,21 @@ def run_node(profile_path: str, node: str, root: Path, *, index: int | None = No
             remove_device_nodes(base_tree, dev_dir)
 
 
-def spawn_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
-               state_dir: Path, log_file: Path, dev_dir: Path | None = None,
-               extra: Sequence[str] = (), timeout: float = 20.0) -> int:
-    """Start ``sandbox mount`` for one node as a detached process; wait until it serves.
+@dataclass
+class Starting:
+    """A node server that was started detached and has not said ``ready`` yet."""
 
-    Returns the server's pid. Raises MountError with the end of its log if it dies or
-    does not come up in ``timeout`` seconds.
-    """
-    argv = [sys.executable, "-m", "sandbox", "mount", profile_path, "--node", node,
-            str(root), "--state-dir", str(state_dir)]
+    node: str
+    proc: subprocess.Popen[bytes]
+    log_file: Path
+
+
+def start_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
+               state_dir: Path, log_file: Path, dev_dir: Path | None = None,
+               extra: Sequence[str] = ()) -> Starting:
+    """Start ``sandbox mount`` for one node, detached (``setsid -f``: not our child)."""
+    argv = ["setsid", "-f", sys.executable, "-m", "sandbox", "mount", profile_path,
+            "--node", node, str(root), "--state-dir", str(state_dir)]
     if index is not None:
         argv += ["--index", str(index)]
     if dev_dir is not None:
@@ -151,27 +157,39 @@ def spawn_node(profile_path: str, node: str, root: Path, *, index: int | None = 
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as out:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=out,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL)
+    return Starting(node, proc, log_file)
+
+
+def wait_node(starting: Starting, timeout: float = 20.0) -> int:
+    """Until the server says ``ready SOCKET PID``; returns its pid. MountError otherwise."""
+    proc = starting.proc
     assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    line = b""
     os.set_blocking(proc.stdout.fileno(), False)
-    while time.monotonic() < deadline:
-        chunk = proc.stdout.read()
-        if chunk:
-            line += chunk
-            if b"\n" in line:
-                break
-        if proc.poll() is not None:
-            break
-        time.sleep(0.01)
+    line = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and b"\n" not in line:
+        line += proc.stdout.read() or b""
+        if b"\n" not in line:
+            time.sleep(0.01)
     proc.stdout.close()
-    if not line.startswith(b"ready"):
-        if proc.poll() is None:
-            proc.kill()
-        tail = log_file.read_text(errors="replace").strip().splitlines()[-5:]
-        raise MountError(f"node {node}: the FUSE server did not come up: " + " | ".join(tail))
-    return proc.pid
+    proc.wait()  # setsid -f returns at once; the server lives on, detached
+    fields = line.split()
+    if len(fields) != 3 or fields[0] != b"ready" or not fields[2].isdigit():
+        tail = " | ".join(
+            starting.log_file.read_text(errors="replace").strip().splitlines()[-5:])
+        raise MountError(f"node {starting.node}: the FUSE server did not come up: "
+                         f"{tail or 'no output'}")
+    return int(fields[2])
+
+
+def spawn_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
+               state_dir: Path, log_file: Path, dev_dir: Path | None = None,
+               extra: Sequence[str] = (), timeout: float = 20.0) -> int:
+    """Start one node's server detached and wait until it serves; returns its pid."""
+    starting = start_node(profile_path, node, root, index=index, state_dir=state_dir,
+                          log_file=log_file, dev_dir=dev_dir, extra=extra)
+    return wait_node(starting, timeout)
 
 
 def wait_unmounted(root: Path, timeout: float = 10.0) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import sys
 import traceback
@@ -18,24 +19,32 @@ from collections.abc import Sequence
 from sandbox import __version__
 from sandbox.errors import SandboxError
 
-# Verb modules, in the order `sandbox --help` lists them.
-VERBS = (
-    "up",
-    "down",
-    "status",
-    "validate",
-    "show",
-    "schema",
-    "render",
-    "mount",
-    "fault",
-    "kubelet",
-    "dra",
-    "plugins",
-)
+# Verb modules, in the order `sandbox --help` lists them, with their one-line help.
+# Only the verb being run is imported, so every command starts fast.
+VERBS = {
+    "up": "start a sandbox from a hardware profile",
+    "down": "stop a sandbox and remove its processes, mounts and state",
+    "status": "show nodes, devices per NUMA node, health, capacity vs allocatable",
+    "validate": "check hardware profiles",
+    "show": "summarise a profile: NUMA nodes, CPUs, memory, devices",
+    "schema": "print the profile JSON Schema",
+    "render": "write a node's fake /sys, /dev, /proc to a directory",
+    "mount": "serve a node's fake /sys, /dev, /proc live over FUSE",
+    "fault": "inject faults: device health, unplug/plug, SR-IOV VFs, kubelet restart",
+    "kubelet": "a kubelet stand-in: serve, or check a device plugin's protocol",
+    "dra": "what the reference DRA driver would publish",
+    "plugins": "bundled device plugin and DRA driver manifests",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen_verb(argv: Sequence[str]) -> str | None:
+    for arg in argv:
+        if not arg.startswith("-"):
+            return arg if arg in VERBS else None
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sandbox",
         description=(
@@ -49,19 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="debug logs and tracebacks on errors"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for verb in VERBS:
+    chosen = _chosen_verb(argv)
+    for verb, summary in VERBS.items():
+        if importlib.util.find_spec(f"sandbox.cli.{verb}") is None:
+            continue  # not built yet
+        if verb != chosen:
+            sub.add_parser(verb, help=summary, add_help=False)
+            continue
         try:
             module = importlib.import_module(f"sandbox.cli.{verb}")
         except ModuleNotFoundError as exc:
             if exc.name != f"sandbox.cli.{verb}":
                 raise
-            continue  # verb not built yet
+            sub.add_parser(verb, help=summary + " (not available in this build)")
+            continue
         module.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

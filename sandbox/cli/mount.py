@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from sandbox.agent import run_node, spawn_node
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlPaths, control_paths
-from sandbox.fakehw.fs import DEFAULT_DEV_MAP
+
+DEFAULT_DEV_MAP = (1, 3)  # /dev/null: openable and harmless (as sandbox.fakehw.fs)
 
 
 def _dev(text: str) -> tuple[int, int]:
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise SandboxError("--dev needs --dev-map: never expose a real host device by default")
 
     def ready(paths: ControlPaths) -> None:
-        print(f"ready {paths.socket}", flush=True)
+        print(f"ready {paths.socket} {os.getpid()}", flush=True)
         print(f"serving {root}; stop with Ctrl-C or fusermount3 -u {root}", file=sys.stderr)
 
     run_node(args.profile, args.node, root, index=args.index, state_dir=args.state_dir,

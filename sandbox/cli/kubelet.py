@@ -1,0 +1,219 @@
+"""`sandbox kubelet serve|check`: the kubelet harness as a command.
+
+``serve`` runs a device manager (``sandbox.kubelet.DeviceManager``) on a device-plugins
+directory until SIGTERM/SIGINT, restarting it as a kubelet restart does on SIGHUP, and keeps
+a JSON status file of what it sees (the local runtime reads it for ``sandbox status``).
+``check`` grades a device plugin's kubelet protocol behaviour (``sandbox.kubelet.check``).
+
+The status file, rewritten atomically on every change::
+
+    {"resources": {"nvidia.com/gpu": {"capacity": 8, "allocatable": 7, "connected": true,
+                   "by_numa": {"0": 3, "1": 4},        # healthy devices per NUMA node
+                   "devices": [{"id": "...", "health": "Healthy", "numa": [0]}, ...]}},
+     "updated": 1764410000.0}
+
+``by_numa`` counts healthy devices; a device without NUMA information counts under "-1"
+(what sysfs ``numa_node`` says then); with ``--numa-nodes N`` every node 0..N-1 is listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from sandbox.errors import KubeletError, SandboxError
+from sandbox.kubelet import DeviceManager, Snapshot, check
+
+RESTART_SIGNALS = ("SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "kubelet",
+        help="a kubelet stand-in for device plugins: serve, or grade a plugin",
+        description="The kubelet's device-plugin side, without a cluster: `serve` listens on "
+        "DIR/kubelet.sock as the kubelet does and records what plugins advertise; `check` runs "
+        "a plugin against it and grades its protocol behaviour.",
+    )
+    verbs = p.add_subparsers(dest="kubelet", metavar="ACTION", required=True)
+
+    s = verbs.add_parser(
+        "serve",
+        help="serve Registration on DIR/kubelet.sock until stopped",
+        description="Run a device manager on DIR (its device-plugins directory) until SIGTERM "
+        "or SIGINT. Prints `ready` once kubelet.sock listens. The restart signal (SIGHUP by "
+        "default) does what a kubelet restart does: every socket in DIR is deleted, kubelet.sock "
+        "is made again and plugins must register again.",
+    )
+    s.add_argument("--dir", type=Path, required=True, help="device-plugins directory")
+    s.add_argument(
+        "--status-file", type=Path, help="keep this JSON file up to date with the resources seen"
+    )
+    s.add_argument(
+        "--numa-nodes",
+        type=int,
+        metavar="N",
+        help="the node has NUMA nodes 0..N-1 (default: those the devices name)",
+    )
+    s.add_argument(
+        "--restart-on",
+        choices=(*RESTART_SIGNALS, "none"),
+        default="SIGHUP",
+        help="signal that restarts the kubelet (default SIGHUP)",
+    )
+    s.set_defaults(func=run)
+
+    c = verbs.add_parser(
+        "check",
+        help="grade a device plugin: registration, ListAndWatch, Allocate, restart",
+        description="Start PLUGIN-CMD (after --) against a fresh harness and print one line "
+        "per check; exit 1 if any fails. `{kubelet_dir}` in PLUGIN-CMD is replaced by the "
+        "harness's device-plugins directory, also passed as KUBELET_DEVICE_PLUGIN_DIR and "
+        "PLUGIN_SOCK_DIR.",
+        epilog="example: sandbox kubelet check --fault 'sandbox fault --socket S health "
+        "gpu-worker gpu1 unhealthy' -- python -m hwplugins.deviceplugin --root R "
+        "--kubelet-dir {kubelet_dir}",
+    )
+    c.add_argument("--resource", help="grade this resource (default: the first registered)")
+    c.add_argument(
+        "--fault",
+        metavar="SHELL-CMD",
+        help="command that makes a device unhealthy, for the health-update check",
+    )
+    c.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for each step (default 10)"
+    )
+    c.add_argument(
+        "--restart-within",
+        type=float,
+        default=5.0,
+        help="seconds a plugin has to re-register after a kubelet restart (default 5)",
+    )
+    c.add_argument(
+        "--log", action="store_true", help="also print the protocol log and the plugin's output"
+    )
+    c.add_argument("plugin", nargs=argparse.REMAINDER, metavar="-- PLUGIN-CMD...")
+    c.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.kubelet == "serve":
+        return _serve(args)
+    return _check(args)
+
+
+# serve ---------------------------------------------------------------------------------------
+
+
+def _serve(args: argparse.Namespace) -> int:
+    numa = list(range(args.numa_nodes)) if args.numa_nodes is not None else None
+    if numa is not None and not numa:
+        raise KubeletError("--numa-nodes: expected at least 1")
+    dm = DeviceManager(args.dir, numa_nodes=numa)
+    stop = threading.Event()
+    restarts: list[int] = []
+
+    def on_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    def on_restart(signum: int, frame: FrameType | None) -> None:
+        restarts.append(signum)
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
+    if args.restart_on != "none":
+        signal.signal(getattr(signal, args.restart_on), on_restart)
+    dm.start()
+    try:
+        last: Snapshot | None = None
+        print("ready", flush=True)
+        while not stop.is_set():
+            if restarts:
+                restarts.clear()
+                dm.restart()
+            snap = dm.snapshot()
+            if args.status_file is not None and snap != last:
+                write_status(args.status_file, snap, numa)
+            last = snap
+            stop.wait(0.1)
+    finally:
+        dm.stop()
+    return 0
+
+
+def status_data(snap: Snapshot, numa_nodes: list[int] | None = None) -> dict[str, Any]:
+    resources: dict[str, Any] = {}
+    for name, st in sorted(snap.resources.items()):
+        by_numa = {str(n): 0 for n in numa_nodes or ()}
+        for node, ids in st.by_numa(healthy_only=True).items():
+            by_numa[str(-1 if node is None else node)] = len(ids)
+        resources[name] = {
+            "capacity": st.capacity,
+            "allocatable": st.allocatable,
+            "connected": st.connected,
+            "by_numa": dict(sorted(by_numa.items(), key=lambda kv: int(kv[0]))),
+            "devices": [
+                {"id": d.id, "health": d.health, "numa": list(d.numa_nodes)} for d in st.devices
+            ],
+        }
+    return {"resources": resources, "updated": time.time()}
+
+
+def write_status(path: Path, snap: Snapshot, numa_nodes: list[int] | None = None) -> None:
+    """Write the status JSON so that a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(status_data(snap, numa_nodes), indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+# check ---------------------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace) -> int:
+    plugin = list(args.plugin)
+    if plugin[:1] == ["--"]:
+        plugin = plugin[1:]
+    if not plugin:
+        raise SandboxError("kubelet check: give the plugin command after --")
+    fault_cmd: str | None = args.fault
+
+    def fault() -> None:
+        assert fault_cmd is not None
+        result = subprocess.run(["sh", "-c", fault_cmd], capture_output=True, text=True,
+                                check=False)  # fmt: skip
+        if result.returncode != 0:
+            raise SandboxError(f"--fault {fault_cmd!r} failed (exit {result.returncode}): "
+                               f"{result.stderr.strip()}")  # fmt: skip
+
+    # Plugin sockets sit beside kubelet.sock: keep the directory short (unix paths <= 105).
+    workdir = Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))
+    try:
+        report = check(plugin, workdir=workdir, resource=args.resource,
+                       fault=fault if fault_cmd else None, timeout=args.timeout,
+                       restart_within=args.restart_within)  # fmt: skip
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(report)
+    if args.log or not report.passed:
+        print("\n--- protocol log ---")
+        for event in report.events:
+            print(event)
+        print("--- plugin output (last 40 lines) ---")
+        print("\n".join(report.plugin_output.splitlines()[-40:]))
+    failed = sum(r.status == "fail" for r in report.results)
+    print(f"\nresult: {'FAILED' if failed else 'PASSED'} "
+          f"({failed} of {len(report.results)} checks failed)")  # fmt: skip
+    sys.stdout.flush()
+    return 0 if report.passed else 1

@@ -1,0 +1,78 @@
+"""`sandbox up PROFILE`: bring up a sandbox (kind where possible, else local)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.profile import load_profile
+from sandbox.runtimes import RUNTIMES, choose_runtime, runtime_for
+from sandbox.runtimes.base import default_state_root, read_record
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "up",
+        help="start a sandbox from a hardware profile",
+        description="Start every node of PROFILE with its fake hardware and device plugins. "
+        "Runtimes: kind (default where a Docker daemon, kind and a node image are present), "
+        "local (FUSE trees + the reference device plugin + a kubelet harness; works on any "
+        "Linux with FUSE, no Kubernetes), native (a real single-node Kubernetes built from "
+        "source; see docs/native-runtime.md). State lives in "
+        f"{default_state_root()}/NAME (HWSANDBOX_STATE_DIR overrides).",
+    )
+    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("--runtime", choices=("auto", *RUNTIMES), default="auto")
+    p.add_argument("--name", help="sandbox name (default: the profile's metadata.name)")
+    p.add_argument("--retain", action="store_true",
+                   help="on failure keep what was made, for debugging")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    loaded = load_profile(args.profile)
+    name = args.name or loaded.cluster.name
+    if args.runtime == "auto":
+        runtime, why = choose_runtime()
+        print(f"runtime: {runtime.name} ({why})", file=sys.stderr)
+    else:
+        runtime = runtime_for(args.runtime)
+        reason = runtime.unavailable_reason()
+        if reason:
+            raise SandboxError(f"runtime {args.runtime} cannot run here: {reason}")
+        print(f"runtime: {runtime.name}", file=sys.stderr)
+    state_dir = default_state_root() / name
+    if read_record(state_dir) is not None:
+        raise SandboxError(f"a sandbox named {name!r} already exists ({state_dir}); "
+                           f"run `sandbox down --name {name}` first or pick --name")
+    started = time.monotonic()
+
+    def progress(message: str) -> None:
+        print(f"  [{time.monotonic() - started:5.1f}s] {message}", file=sys.stderr, flush=True)
+
+    try:
+        runtime.up(loaded.cluster, os.path.abspath(args.profile), state_dir, progress)
+    except (SandboxError, KeyboardInterrupt) as exc:
+        if args.retain:
+            print(f"keeping {state_dir} (--retain); clean up with `sandbox down --name {name}`",
+                  file=sys.stderr)
+        else:
+            progress("failed; cleaning up")
+            try:
+                runtime.down(state_dir, lambda _m: None)
+            except SandboxError as cleanup:
+                print(f"warning: cleanup incomplete: {cleanup}", file=sys.stderr)
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        if isinstance(exc, RuntimeBackendError):
+            raise SandboxError(f"sandbox up failed at step {exc.step!r}: {exc.message}") from exc
+        raise SandboxError(f"sandbox up failed: {exc}") from exc
+    elapsed = time.monotonic() - started
+    print(f"sandbox {name!r} is up ({runtime.name} runtime, {elapsed:.1f}s). Next:\n"
+          f"  sandbox status             what the kubelet sees\n"
+          f"  sandbox fault list         devices and their health\n"
+          f"  sandbox down               remove it")
+    return 0

@@ -1,0 +1,71 @@
+"""kind cluster configs generated from a profile (templates in ``kind-config/``).
+
+One kind node per profile node replica, labelled ``hwsandbox.dev/node=<replica>`` so the
+sandbox agent's per-replica DaemonSet lands on the right node; a control-plane node is
+added when the profile has none. The templates ship inside the package (a copy of the
+repository's ``kind-config/``) so an installed sandbox finds them.
+"""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sandbox.profile.resolve import Cluster
+
+NODE_LABEL = "hwsandbox.dev/node"
+
+
+def _template(name: str) -> str:
+    repo = Path(__file__).resolve().parents[2] / "kind-config" / name
+    if repo.is_file():
+        return repo.read_text()
+    return resources.files("sandbox.data.kindconfig").joinpath(name).read_text()
+
+
+def _fill(obj: Any, values: dict[str, str]) -> Any:
+    if isinstance(obj, dict):
+        return {_fill(k, values): _fill(v, values) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_fill(v, values) for v in obj]
+    if isinstance(obj, str):
+        for key, value in values.items():
+            obj = obj.replace("{" + key + "}", value)
+        return obj
+    return obj
+
+
+def kind_config(cluster: Cluster, name: str, host_state_dir: Path,
+                image: str | None = None) -> dict[str, Any]:
+    """The kind Cluster document for ``cluster``; node host dirs live under the state dir."""
+    base: dict[str, Any] = yaml.safe_load(_template("cluster.yaml"))
+    node_tmpl: dict[str, Any] = yaml.safe_load(_template("node.yaml"))
+    config = copy.deepcopy(base)
+    config["name"] = name
+    nodes: list[dict[str, Any]] = []
+    replicas = list(cluster.nodes)
+    if not any(n.role == "control-plane" for n in replicas):
+        nodes.append({"role": "control-plane"})
+    for spec in replicas:
+        node = _fill(node_tmpl, {
+            "role": spec.role,
+            "replica": spec.name,
+            "host_dir": str(host_state_dir / "nodes" / spec.name),
+        })
+        node["labels"].update(dict(spec.labels))
+        nodes.append(node)
+    for node in nodes:
+        if image:
+            node["image"] = image
+    # kind orders control planes first when naming; keep the document in that order too.
+    config["nodes"] = sorted(nodes, key=lambda n: 0 if n["role"] == "control-plane" else 1)
+    return config
+
+
+def kind_config_text(cluster: Cluster, name: str, host_state_dir: Path,
+                     image: str | None = None) -> str:
+    return yaml.safe_dump(kind_config(cluster, name, host_state_dir, image), sort_keys=False)

@@ -1,0 +1,301 @@
+"""The ``local`` runtime: no Kubernetes, no containers; works anywhere FUSE does.
+
+Per node replica, three host processes under ``<state>/nodes/<node>/``:
+  mount    ``sandbox mount``: the node's fake /sys, /dev, /proc live at ``root/``,
+           control socket ``control.sock`` (what ``sandbox fault`` talks to)
+  kubelet  ``sandbox kubelet serve``: the kubelet harness on ``kubelet/kubelet.sock``;
+           it writes what a kubelet would advertise to ``kubelet-status.json``
+  plugin   our reference device plugin, reading only ``root/sys`` and ``root/dev``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sandbox.agent import start_node, unmount, wait_node
+from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.fakehw.control import ControlClient
+from sandbox.profile.resolve import Cluster, NodeSpec
+from sandbox.runtimes.base import (
+    DeviceStatus,
+    NodeStatus,
+    Progress,
+    ResourceStatus,
+    SandboxStatus,
+    read_record,
+    write_record,
+)
+
+READY_TIMEOUT = 20.0
+PLUGIN_MODULE = "hwplugins.deviceplugin"
+
+
+def node_dir(state_dir: Path, node: str) -> Path:
+    return state_dir / "nodes" / node
+
+
+def _start(argv: list[str], log: Path, ready_line: bool) -> subprocess.Popen[bytes]:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE if ready_line else out, stderr=out,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], log: Path, what: str,
+                timeout: float = READY_TIMEOUT) -> int:
+    """Until the process prints its ``ready`` line; its pid. Kills it on failure."""
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and b"\n" not in buf and proc.poll() is None:
+        buf += proc.stdout.read() or b""
+        time.sleep(0.01)
+    proc.stdout.close()
+    if not buf.startswith(b"ready"):
+        if proc.poll() is None:
+            proc.kill()
+        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
+        raise SandboxError(f"{what} did not come up: {tail or 'no output'}")
+    return proc.pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still answers kill(0); reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    return True
+
+
+def stop_pids(pids: list[int], timeout: float = 5.0) -> None:
+    """SIGTERM all at once, SIGKILL what is left after ``timeout``; waits until all are gone."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = [p for p in pids if _alive(p)]
+        if not pids:
+            return
+        time.sleep(0.02)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    while any(_alive(p) for p in pids):
+        time.sleep(0.02)
+
+
+class LocalRuntime:
+    name = "local"
+
+    def unavailable_reason(self) -> str | None:
+        if not Path("/dev/fuse").exists():
+            return "no /dev/fuse (modprobe fuse, or give the container --device /dev/fuse)"
+        if os.geteuid() != 0:
+            return "needs root (FUSE mounts with allow_other and root-only control sockets)"
+        return None
+
+    def up(self, cluster: Cluster, profile_path: str, state_dir: Path,
+           progress: Progress) -> None:
+        reason = self.unavailable_reason()
+        if reason:
+            raise RuntimeBackendError("check", reason)
+        record: dict[str, Any] = {
+            "name": state_dir.name, "runtime": self.name, "profile": profile_path,
+            "created": time.time(), "nodes": {},
+        }
+        write_record(state_dir, record)
+        # Start every node's harness first (no dependencies), then mount each tree,
+        # then the plugins: Python start-up dominates, so overlap it.
+        kubelets = {}
+        for node in cluster.nodes:
+            d = node_dir(state_dir, node.name)
+            kubelets[node.name] = self._start_kubelet(node, state_dir)
+            record["nodes"][node.name] = {
+                "root": str(d / "root"), "socket": str(d / "control.sock"),
+                "kubelet_dir": str(d / "kubelet"), "status_file": str(d / "kubelet-status.json"),
+                "pids": {"kubelet": kubelets[node.name].pid},
+            }
+            write_record(state_dir, record)
+        starting = {}
+        for node in cluster.nodes:
+            d = node_dir(state_dir, node.name)
+            progress(f"{node.name}: mounting fake /sys, /dev, /proc at {d / 'root'}")
+            starting[node.name] = start_node(
+                profile_path, node.base_name, d / "root", index=node.index, state_dir=d,
+                log_file=d / "mount.log")
+        for node in cluster.nodes:
+            d = node_dir(state_dir, node.name)
+            info: dict[str, Any] = record["nodes"][node.name]
+            try:
+                info["pids"]["mount"] = wait_node(starting[node.name])
+            except SandboxError as exc:
+                raise RuntimeBackendError(f"mount {node.name}", str(exc)) from exc
+            write_record(state_dir, record)
+            try:
+                _wait_ready(kubelets[node.name], d / "kubelet.log", "kubelet harness")
+            except SandboxError as exc:
+                raise RuntimeBackendError(f"kubelet harness {node.name}", str(exc)) from exc
+            progress(f"{node.name}: fake hardware and kubelet harness up; starting the "
+                     "reference device plugin")
+            info["pids"]["plugin"] = _start(
+                [sys.executable, "-m", PLUGIN_MODULE, "--root", str(d / "root"),
+                 "--kubelet-dir", str(d / "kubelet")], d / "plugin.log", ready_line=False).pid
+            write_record(state_dir, record)
+        for node in cluster.nodes:
+            self._wait_advertised(node, state_dir, progress)
+
+    def _start_kubelet(self, node: NodeSpec, state_dir: Path) -> subprocess.Popen[bytes]:
+        d = node_dir(state_dir, node.name)
+        (d / "kubelet").mkdir(parents=True, exist_ok=True)
+        return _start(
+            [sys.executable, "-m", "sandbox", "kubelet", "serve", "--dir", str(d / "kubelet"),
+             "--status-file", str(d / "kubelet-status.json"),
+             "--numa-nodes", str(len(node.numa))],
+            d / "kubelet.log", ready_line=True)
+
+    def _wait_advertised(self, node: NodeSpec, state_dir: Path, progress: Progress) -> None:
+        """Until the plugin has registered and reported every device of the node."""
+        if not node.devices:
+            return
+        d = node_dir(state_dir, node.name)
+        with ControlClient(d / "control.sock") as client:
+            plugged = sum(1 for dev in client.devices().values()
+                          if dev.get("state", {}).get("plugged", True))
+        expected = _advertisable(node, plugged)
+        if expected == 0:
+            return
+        deadline = time.monotonic() + READY_TIMEOUT
+        seen, last, since = 0, -1, time.monotonic()
+        while time.monotonic() < deadline:
+            status = _read_json(d / "kubelet-status.json")
+            seen = sum(r.get("capacity", 0) for r in status.get("resources", {}).values())
+            if seen != last:
+                last, since = seen, time.monotonic()
+            # Done when every device we expect is there, or (profiles with devices our
+            # plugin groups differently) when the count has settled for two scans.
+            if seen >= expected or (seen and time.monotonic() - since > 2.0):
+                progress(f"{node.name}: kubelet sees {seen} device(s)")
+                return
+            time.sleep(0.05)
+        tail = " | ".join((d / "plugin.log").read_text(errors="replace").splitlines()[-5:])
+        raise RuntimeBackendError(
+            f"plugin {node.name}", f"only {seen} device(s) advertised after {READY_TIMEOUT:.0f}s;"
+            f" plugin log: {tail}")
+
+    def down(self, state_dir: Path, progress: Progress) -> None:
+        record = read_record(state_dir) or {}
+        problems: list[str] = []
+        nodes = record.get("nodes", {})
+        stop_pids([int(pid) for info in nodes.values() for pid in info.get("pids", {}).values()])
+        for name, info in nodes.items():
+            root = Path(info.get("root", node_dir(state_dir, name) / "root"))
+            try:
+                unmount(root)
+            except SandboxError as exc:
+                problems.append(str(exc))
+            progress(f"{name}: stopped")
+        # Anything mounted below the state dir that the record missed (a crashed up).
+        for root in sorted(state_dir.glob("nodes/*/root")):
+            with contextlib.suppress(SandboxError):
+                unmount(root)
+        if problems:
+            raise RuntimeBackendError("down", "; ".join(problems))
+        _remove_tree(state_dir)
+
+    def status(self, state_dir: Path) -> SandboxStatus:
+        record = read_record(state_dir) or {}
+        out = SandboxStatus(state_dir.name, self.name, record.get("profile", "?"))
+        for name, info in record.get("nodes", {}).items():
+            node = NodeStatus(name, ready=True)
+            try:
+                with ControlClient(Path(info["socket"]), timeout=5) as client:
+                    devices = client.devices()
+            except SandboxError as exc:
+                node.ready = False
+                node.notes.append(f"fake hardware server not answering: {exc}")
+                devices = {}
+            for dev_id, dev in devices.items():
+                state = dev.get("state", {})
+                health = "unplugged" if not state.get("plugged", True) else state.get("health")
+                node.devices.append(DeviceStatus(dev_id, dev.get("kind", ""), dev.get("model", ""),
+                                                 int(dev.get("numa_node", -1)),
+                                                 dev.get("pci_address", ""), str(health),
+                                                 state.get("reason")))
+            status = _read_json(Path(info["status_file"]))
+            for res_name, res in sorted(status.get("resources", {}).items()):
+                node.resources.append(ResourceStatus(
+                    res_name, int(res.get("capacity", 0)), int(res.get("allocatable", 0)),
+                    {int(k): int(v) for k, v in res.get("by_numa", {}).items() if k != "null"}))
+            for what, pid in info.get("pids", {}).items():
+                if not _alive(int(pid)):
+                    node.ready = False
+                    node.notes.append(f"{what} process {pid} is not running")
+            out.nodes.append(node)
+        return out
+
+    def restart_kubelet(self, state_dir: Path, node: str) -> None:
+        record = read_record(state_dir) or {}
+        info = record.get("nodes", {}).get(node)
+        if info is None:
+            raise SandboxError(f"no node {node!r} in sandbox {state_dir.name!r}")
+        os.kill(int(info["pids"]["kubelet"]), signal.SIGHUP)
+
+
+def _advertisable(node: NodeSpec, plugged: int) -> int:
+    """How many devices our plugin advertises for a node: GPUs, VFs, FPGA ports."""
+    count = 0
+    for dev in node.devices:
+        if dev.gpu is not None:
+            count += 1 if not (dev.vendor == "intel" and dev.gpu.num_vfs) else 0
+        elif dev.nic is not None:
+            count += dev.nic.num_vfs * dev.nic.ports
+        elif dev.fpga is not None and dev.fpga.flavor == "dfl":
+            count += dev.fpga.ports
+    return min(count, max(plugged, 0)) if count else 0
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    return data
+
+
+def _remove_tree(path: Path) -> None:
+    """rm -r that never crosses into a mount (a live FUSE tree would be read-only anyway)."""
+    if not path.exists():
+        return
+    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if child.is_mount():
+            raise RuntimeBackendError("down", f"{child} is still mounted; not removing it")
+    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
+        for f in filenames:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(dirpath, f))
+        for dname in dirnames:
+            full = os.path.join(dirpath, dname)
+            if os.path.islink(full):
+                os.unlink(full)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(full)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(path)

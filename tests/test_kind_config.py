@@ -1,0 +1,95 @@
+"""Generated kind configs are accepted by the real kind binary's config loader.
+
+kind is built from its Go module. Docker is not needed: a stand-in `docker` on PATH
+answers kind's provider probes (`docker info`, `docker ps`, the image check) and refuses
+everything else, so kind loads, decodes (strictly) and validates the config for real and
+then stops at its first real Docker call (creating the network). Reaching that call
+means the config passed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sandbox.profile import load_profile
+from sandbox.runtimes.kindconfig import kind_config, kind_config_text
+from tests.gotools import go_install
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILES = sorted((ROOT / "profiles").glob("*.yaml"))
+KIND_VERSION = "v0.30.0"  # the last kind release that runs on cgroup v1 hosts
+
+STUB_DOCKER = """#!/bin/sh
+case "$1" in
+  -v) echo "Docker version 28.0.0, build stub" ;;
+  info)
+    case "$*" in
+      *Driver*) echo overlay2 ;;
+      *SecurityOptions*) echo "'[]'" ;;
+      *) echo '{"CgroupDriver":"cgroupfs","CgroupVersion":"1","MemoryLimit":true,'\
+'"PidsLimit":true,"CPUShares":true,"SecurityOptions":[]}' ;;
+    esac ;;
+  ps) ;;
+  inspect) echo '[{}]' ;;
+  *) echo "STUB-DOCKER: stopped at: $*" >&2; exit 1 ;;
+esac
+"""
+
+
+@pytest.fixture(scope="module")
+def kind(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    exe = go_install("sigs.k8s.io/kind", KIND_VERSION, "kind")
+    stub = tmp_path_factory.mktemp("stub-docker")
+    (stub / "docker").write_text(STUB_DOCKER)
+    (stub / "docker").chmod(0o755)
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}"}
+    return exe, env
+
+
+def _create(kind: tuple[Path, dict[str, str]], config: Path) -> str:
+    exe, env = kind
+    result = subprocess.run(
+        [str(exe), "create", "cluster", "--name", "hwsb-validate", "--config", str(config),
+         "--image", "kindest/node:v1.34.0"],
+        capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert result.returncode != 0
+    return result.stderr
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.stem)
+def test_kind_accepts_generated_config(kind: tuple[Path, dict[str, str]], profile: Path,
+                                       tmp_path: Path) -> None:
+    cluster = load_profile(profile).cluster
+    config = tmp_path / "kind.yaml"
+    config.write_text(kind_config_text(cluster, "hwsb", Path("/run/hw-sandbox/hwsb")))
+    stderr = _create(kind, config)
+    assert "STUB-DOCKER: stopped at: network" in stderr, stderr
+    assert "config" not in stderr.lower(), stderr
+
+
+def test_kind_rejects_a_broken_config(kind: tuple[Path, dict[str, str]],
+                                      tmp_path: Path) -> None:
+    """The check has teeth: kind's loader really reads what we generate."""
+    cluster = load_profile(PROFILES[0]).cluster
+    doc = kind_config(cluster, "hwsb", Path("/run/hw-sandbox/hwsb"))
+    doc["nodes"][-1]["extraMounts"][0]["propagation"] = "Sideways"
+    config = tmp_path / "kind.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    stderr = _create(kind, config)
+    assert 'Unknown MountPropagation: "Sideways"' in stderr
+
+
+def test_one_kind_node_per_replica_plus_control_plane() -> None:
+    cluster = load_profile(ROOT / "profiles" / "workshop-mixed.yaml").cluster
+    doc = kind_config(cluster, "ws", Path("/run/hw-sandbox/ws"))
+    labels = [n["labels"]["hwsandbox.dev/node"] for n in doc["nodes"]]
+    assert labels == ["control-plane", "gpu-worker-0", "gpu-worker-1", "net-worker"]
+    cluster = load_profile(ROOT / "profiles" / "8gpu-2numa.yaml").cluster
+    doc = kind_config(cluster, "g", Path("/run/hw-sandbox/g"))
+    assert [n["role"] for n in doc["nodes"]] == ["control-plane", "worker"]
+    assert "enable_cdi = true" in doc["containerdConfigPatches"][0]

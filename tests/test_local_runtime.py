@@ -1,0 +1,155 @@
+"""`sandbox up` with the local runtime, end to end through the CLI a user types."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fakehw_toy import require_fuse
+
+ROOT = Path(__file__).resolve().parent.parent
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture
+def state_root() -> Iterator[Path]:
+    # gRPC unix socket paths must stay short (105 bytes): no pytest tmp_path here.
+    d = Path(tempfile.mkdtemp(prefix="hws-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        for record in d.glob("*/sandbox.json"):  # a failed test must not leak a sandbox
+            subprocess.run([sys.executable, "-m", "sandbox", "down", "--name",
+                            record.parent.name], env=_env(d), capture_output=True, check=False)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _env(state_root: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["HWSANDBOX_STATE_DIR"] = str(state_root)
+    env["PATH"] = os.pathsep.join(  # no kind on PATH: auto must pick local
+        p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "kind").exists())
+    return env
+
+
+def sandbox(state_root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], cwd=ROOT, text=True,
+                          capture_output=True, check=False, env=_env(state_root), timeout=120)
+
+
+def _status(state_root: Path) -> dict[str, object]:
+    result = sandbox(state_root, "status", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    data: dict[str, object] = json.loads(result.stdout)
+    return data
+
+
+def _gpu_resource(status: dict[str, object]) -> dict[str, object]:
+    nodes = status["nodes"]
+    assert isinstance(nodes, list)
+    [res] = [r for r in nodes[0]["resources"] if r["resource"] == "nvidia.com/gpu"]
+    assert isinstance(res, dict)
+    return res
+
+
+def _wait_for(state_root: Path, capacity: int, allocatable: int) -> dict[str, object]:
+    deadline = time.monotonic() + 10
+    while True:
+        res = _gpu_resource(_status(state_root))
+        if (res["capacity"], res["allocatable"]) == (capacity, allocatable):
+            return res
+        assert time.monotonic() < deadline, f"still {res}"
+        time.sleep(0.2)
+
+
+def test_up_status_fault_down(state_root: Path) -> None:
+    require_fuse()
+    up = sandbox(state_root, "up", "profiles/8gpu-2numa.yaml")
+    assert up.returncode == 0, up.stderr
+    assert up.stderr.startswith("runtime: local (")
+    assert "is up (local runtime" in up.stdout
+
+    table = sandbox(state_root, "status")
+    assert table.returncode == 0, table.stderr
+    assert "runtime: local" in table.stdout
+    assert "nvidia.com/gpu  8         8            4              4" in table.stdout
+    res = _gpu_resource(_status(state_root))
+    assert res["by_numa"] == {"0": 4, "1": 4}
+
+    fault = sandbox(state_root, "fault", "health", "gpu-worker", "gpu1", "unhealthy")
+    assert fault.returncode == 0, fault.stderr
+    _wait_for(state_root, capacity=8, allocatable=7)
+    fault = sandbox(state_root, "fault", "unplug", "gpu-worker", "gpu6")
+    assert fault.returncode == 0, fault.stderr
+    res = _wait_for(state_root, capacity=7, allocatable=6)
+    assert res["by_numa"] == {"0": 3, "1": 3}
+
+    svg = sandbox(state_root, "status", "-o", "svg")
+    assert svg.returncode == 0, svg.stderr
+    picture = ET.fromstring(svg.stdout)
+    for numa in ("0", "1"):
+        group = picture.find(f".//{SVG}g[@class='numa'][@data-numa='{numa}']")
+        assert group is not None
+        gpus = group.findall(f".//{SVG}g[@data-kind='gpu']")
+        assert len(gpus) == 4
+    health = {g.get("data-device"): g.get("data-health")
+              for g in picture.iter(f"{SVG}g") if g.get("data-device")}
+    assert health["gpu1"] == "unhealthy"
+    assert health["gpu6"] == "unplugged"
+
+    restart = sandbox(state_root, "fault", "restart-kubelet", "gpu-worker")
+    assert restart.returncode == 0, restart.stderr
+    _wait_for(state_root, capacity=7, allocatable=6)
+
+    record = json.loads((state_root / "8gpu-2numa" / "sandbox.json").read_text())
+    pids = [int(p) for p in record["nodes"]["gpu-worker"]["pids"].values()]
+    root = Path(record["nodes"]["gpu-worker"]["root"])
+    assert root.is_mount()
+
+    down = sandbox(state_root, "down")
+    assert down.returncode == 0, down.stderr
+    assert not (state_root / "8gpu-2numa").exists()
+    assert not root.is_mount()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    with open("/proc/self/mountinfo") as f:
+        assert str(state_root) not in f.read()
+
+
+def test_up_refuses_a_second_sandbox_of_the_same_name(state_root: Path) -> None:
+    require_fuse()
+    assert sandbox(state_root, "up", "profiles/fpga-dfl.yaml").returncode == 0
+    again = sandbox(state_root, "up", "profiles/fpga-dfl.yaml")
+    assert again.returncode == 1
+    assert "already exists" in again.stderr
+    assert sandbox(state_root, "down", "--name", "fpga-dfl").returncode == 0
+
+
+def test_failed_up_cleans_up_and_names_the_step(state_root: Path) -> None:
+    require_fuse()
+    # A node name that resolves but whose mount point is refused: the mount step fails.
+    blocker = state_root / "8gpu-2numa" / "nodes" / "gpu-worker" / "root"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a directory")
+    up = sandbox(state_root, "up", "profiles/8gpu-2numa.yaml")
+    assert up.returncode == 1
+    assert "error: sandbox up failed at step 'mount gpu-worker'" in up.stderr
+    assert "Traceback" not in up.stderr
+    assert not (state_root / "8gpu-2numa" / "sandbox.json").exists()
+
+
+def test_status_without_a_sandbox_is_a_clear_error(state_root: Path) -> None:
+    result = sandbox(state_root, "status")
+    assert result.returncode == 1
+    assert result.stderr == "error: no sandbox is running; start one with `sandbox up PROFILE`\n"
