@@ -1,6 +1,9 @@
 """Live FUSE tree vs a tmpfs copy of the same tree, measured in the same run.
 
-    python benchmarks/bench_fs.py [--rebuild fakehw_toy:rebuild_large] [--rounds 5]
+    python benchmarks/bench_fs.py [--rebuild profile_rebuild:demo] [--rounds 5]
+
+The default tree is the demo profile (8gpu-2numa); fakehw_toy:rebuild_large is a
+synthetic one from tests/.
 
 Prints stat+read of every file, cold (first pass on a fresh mount) and cached (best of
 --rounds later passes), against a copy written to /dev/shm, and fault-to-visible latency:
@@ -136,7 +139,7 @@ def latencies(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rebuild", default="fakehw_toy:rebuild_large")
+    ap.add_argument("--rebuild", default="profile_rebuild:demo")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--faults", type=int, default=50)
     args = ap.parse_args()
