@@ -28,6 +28,9 @@ PLUGINS = (
     PluginManifest("hw-sandbox-device-plugin", "hw-sandbox-device-plugin.yaml", "device-plugin",
                    "our reference plugin: every profile device, NUMA-aware, health from sysfs",
                    "any"),
+    PluginManifest("hw-sandbox-dra-driver", "hw-sandbox-dra-driver.yaml", "dra-driver",
+                   "our reference DRA driver: ResourceSlices with partitions, NIC bandwidth,"
+                   " health taints", "any (partition schemes: `sandbox dra config`)"),
     PluginManifest("sample-device-plugin", "sample-device-plugin.yaml", "device-plugin",
                    "Kubernetes' sample plugin: 2 fixed devices, kubelet protocol only", "any"),
     PluginManifest("generic-device-plugin", "generic-device-plugin.yaml", "device-plugin",

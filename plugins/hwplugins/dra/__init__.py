@@ -1,0 +1,46 @@
+"""The reference DRA driver: ResourceSlices from a node's /sys and /dev, and a kubelet plugin.
+
+    discovery     pure reads of <root>/sys, <root>/dev: GPUs, NICs, FPGAs and their health
+    config        the driver config (GPU memory, partition schemes) keyed by PCI id
+    slices        devices -> a pool's ResourceSlices (counters, partitions, taints); pure
+    publisher     ResourceSlices to the API server (official kubernetes client)
+    state         prepared claims: CDI spec files and the JSON checkpoint
+    kubeletplugin gRPC: Registration, DRAPlugin v1 + v1beta1, DRAResourceHealth v1alpha1
+    driver        the process: rescan loop, publisher, kubelet plugin (python -m hwplugins.dra)
+
+Never imports the sandbox: it reads only the files a real driver would read.
+"""
+
+from hwplugins.dra.config import (
+    ConfigError,
+    DriverConfig,
+    config_from_devices,
+    load_config,
+    parse_config,
+)
+from hwplugins.dra.discovery import Device, Problem, discover
+from hwplugins.dra.slices import (
+    DRIVER,
+    TAINT_KEY,
+    Pool,
+    PoolDevice,
+    build_pool,
+    resource_slices,
+)
+
+__all__ = [
+    "DRIVER",
+    "TAINT_KEY",
+    "ConfigError",
+    "Device",
+    "DriverConfig",
+    "Pool",
+    "PoolDevice",
+    "Problem",
+    "build_pool",
+    "config_from_devices",
+    "discover",
+    "load_config",
+    "parse_config",
+    "resource_slices",
+]

@@ -1,0 +1,99 @@
+"""The driver process: rescan the root, publish the pool, serve the kubelet.
+
+``Driver`` holds the current pool (discovery + config -> ``slices.build_pool``) and is the
+kubelet plugin's backend: ``prepare`` reads the claim from the API server and hands it to
+``state.Claims``. ``run`` is the loop: every ``interval`` seconds rescan, publish the
+slices when they changed (a new pool generation), and keep the registration socket served.
+An API server that is away is retried on the next round; the kubelet side keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hwplugins.dra.config import DriverConfig
+from hwplugins.dra.discovery import discover
+from hwplugins.dra.kubeletplugin import KubeletPlugin
+from hwplugins.dra.publisher import Publisher
+from hwplugins.dra.slices import DRIVER, Pool, build_pool
+from hwplugins.dra.state import Claims, PreparedClaim, PrepareError
+
+log = logging.getLogger("hwplugins.dra")
+
+
+class Driver:
+    def __init__(self, root: Path, node: str, config: DriverConfig, claims: Claims,
+                 read_claim: Callable[[str, str], dict[str, Any]] | None = None, *,
+                 compatibility_groups: bool = False, name: str = DRIVER) -> None:  # fmt: skip
+        self.root = root
+        self.node = node
+        self.config = config
+        self.claims = claims
+        self.read_claim = read_claim
+        self.compatibility_groups = compatibility_groups
+        self.name = name
+        self._cond = threading.Condition()
+        self._pool = Pool((), ())
+        self._health: list[tuple[str, bool]] = []
+        self._health_version = 0
+
+    @property
+    def pool(self) -> Pool:
+        with self._cond:
+            return self._pool
+
+    def rescan(self) -> Pool:
+        devices = discover(self.root)
+        pool = build_pool(devices, self.config, self.compatibility_groups)
+        health = [(d.name, d.source.healthy) for d in pool.devices]
+        with self._cond:
+            self._pool = pool
+            if health != self._health:
+                self._health = health
+                self._health_version += 1
+                self._cond.notify_all()
+        return pool
+
+    # -- kubelet plugin backend ------------------------------------------------------------
+    def prepare(self, namespace: str, uid: str, name: str) -> PreparedClaim:
+        done = self.claims.get(uid)
+        if done is not None:
+            return done
+        if self.read_claim is None:
+            raise PrepareError("no API server configured: cannot read the claim")
+        claim = self.read_claim(namespace, name)
+        return self.claims.prepare(claim, uid, self.pool, self.node)
+
+    def unprepare(self, uid: str) -> None:
+        self.claims.unprepare(uid)
+
+    def wait_health(self, seen: int, timeout: float) -> tuple[int, str, list[tuple[str, bool]]]:
+        with self._cond:
+            if self._health_version == seen:
+                self._cond.wait(timeout)
+            return self._health_version, self.node, list(self._health)
+
+
+def run(driver: Driver, publisher: Publisher | None, plugin: KubeletPlugin | None,
+        interval: float, stop: threading.Event) -> None:  # fmt: skip
+    if plugin is not None:
+        plugin.start()
+    try:
+        while not stop.is_set():
+            pool = driver.rescan()
+            if publisher is not None:
+                try:
+                    publisher.publish(pool)
+                except Exception as exc:  # the API server may be away: retry next round
+                    log.warning("publishing slices failed: %s", exc)
+                    publisher.forget()
+            if plugin is not None:
+                plugin.tick()
+            stop.wait(interval)
+    finally:
+        if plugin is not None:
+            plugin.stop()

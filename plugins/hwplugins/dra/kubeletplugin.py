@@ -1,0 +1,223 @@
+"""The kubelet side of the driver: gRPC over unix sockets, adapting calls to the driver.
+
+Two servers, started in the kubelet's order of expectations (serve first, then register):
+
+- ``<plugins dir>/<driver>/dra.sock`` serves DRAPlugin v1 and v1beta1 (NodePrepareResources,
+  NodeUnprepareResources) and DRAResourceHealth v1alpha1 (NodeWatchResources);
+- ``<registry dir>/<driver>-reg.sock`` serves pluginregistration's Registration. GetInfo
+  answers type DRAPlugin, the driver name, the dra.sock path and the services in the order
+  the kubelet should pick them: ``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` (the kubelet takes
+  the first it supports), plus ``v1alpha1.DRAResourceHealth`` (optional; the 1.37 kubelet
+  opens a health stream when it sees it).
+
+A registration socket that disappears (someone cleaned the directory) is served again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
+
+import grpc
+
+from hwplugins.api import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    drahealth_v1alpha1_pb2,
+    drahealth_v1alpha1_pb2_grpc,
+    pluginregistration_v1_pb2,
+    pluginregistration_v1_pb2_grpc,
+)
+from hwplugins.dra.state import PreparedClaim
+
+log = logging.getLogger("hwplugins.dra")
+
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+MAX_SOCKET_PATH = 105  # grpcio refuses longer unix socket paths
+HEALTH_RESEND = 10.0  # seconds: a health report is repeated this often even without change
+HEALTH_TIMEOUT = 60  # seconds the kubelet may trust one report
+
+_Add = Callable[[object, grpc.Server], None]
+_add_registration: _Add = pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server
+_add_dra: dict[str, _Add] = {
+    "v1": dra_v1_pb2_grpc.add_DRAPluginServicer_to_server,
+    "v1beta1": dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server,
+}
+_add_health: _Add = drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server
+
+
+class ServeError(Exception):
+    """A socket cannot be served (path too long, directory missing...)."""
+
+
+class Backend(Protocol):
+    """What the gRPC side needs from the driver."""
+
+    name: str
+
+    def prepare(self, namespace: str, uid: str, name: str) -> PreparedClaim: ...
+
+    def unprepare(self, uid: str) -> None: ...
+
+    def wait_health(
+        self, seen: int, timeout: float
+    ) -> tuple[int, str, list[tuple[str, bool]]]: ...
+
+
+class _DRAPlugin:
+    def __init__(self, backend: Backend, pb: ModuleType) -> None:
+        self.backend = backend
+        self.pb = pb
+
+    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        response = self.pb.NodePrepareResourcesResponse()
+        for claim in request.claims:
+            out = response.claims[claim.uid]
+            try:
+                prepared = self.backend.prepare(claim.namespace, claim.uid, claim.name)
+            except Exception as exc:  # every failure goes back to the kubelet
+                log.warning("prepare %s/%s (%s): %s", claim.namespace, claim.name, claim.uid, exc)
+                out.error = str(exc)
+                continue
+            for d in prepared.devices:
+                dev = out.devices.add(request_names=d.request_names, pool_name=d.pool_name,
+                                      device_name=d.device_name,
+                                      cdi_device_ids=d.cdi_device_ids)  # fmt: skip
+                if d.share_id:
+                    dev.share_id = d.share_id
+        return response
+
+    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        response = self.pb.NodeUnprepareResourcesResponse()
+        for claim in request.claims:
+            out = response.claims[claim.uid]
+            try:
+                self.backend.unprepare(claim.uid)
+            except Exception as exc:
+                log.warning("unprepare %s: %s", claim.uid, exc)
+                out.error = str(exc)
+        return response
+
+
+class _Health:
+    def __init__(self, backend: Backend, stopped: Callable[[], bool]) -> None:
+        self.backend = backend
+        self.stopped = stopped
+
+    def NodeWatchResources(  # noqa: N802
+        self, request: Any, context: grpc.ServicerContext
+    ) -> Iterator[Any]:
+        pb = drahealth_v1alpha1_pb2
+        seen = -1
+        last_sent = 0.0
+        while context.is_active() and not self.stopped():
+            version, pool, devices = self.backend.wait_health(seen, timeout=1.0)
+            now = time.time()
+            if version == seen and now - last_sent < HEALTH_RESEND:
+                continue
+            seen, last_sent = version, now
+            yield pb.NodeWatchResourcesResponse(devices=[
+                pb.DeviceHealth(
+                    device=pb.DeviceIdentifier(pool_name=pool, device_name=name),
+                    health=pb.HEALTHY if healthy else pb.UNHEALTHY,
+                    last_updated_time=int(now),
+                    health_check_timeout_seconds=HEALTH_TIMEOUT,
+                )
+                for name, healthy in devices
+            ])  # fmt: skip
+
+
+class _Registration:
+    def __init__(self, name: str, endpoint: Path) -> None:
+        self.name = name
+        self.endpoint = endpoint
+        self.status: tuple[bool, str] | None = None
+
+    def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        return pluginregistration_v1_pb2.PluginInfo(
+            type="DRAPlugin", name=self.name, endpoint=str(self.endpoint),
+            supported_versions=list(SERVICES),
+        )  # fmt: skip
+
+    def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+        self.status = (request.plugin_registered, request.error)
+        if request.plugin_registered:
+            log.info("registered with the kubelet")
+        else:
+            log.error("kubelet rejected the registration: %s", request.error)
+        return pluginregistration_v1_pb2.RegistrationStatusResponse()
+
+
+def _serve(path: Path, servicers: list[tuple[_Add, object]]) -> grpc.Server:
+    if len(str(path)) > MAX_SOCKET_PATH:
+        raise ServeError(f"{path}: unix socket path longer than {MAX_SOCKET_PATH} bytes")
+    if not path.parent.is_dir():
+        raise ServeError(f"{path.parent}: no such directory")
+    if os.path.lexists(path):
+        path.unlink()  # a stale socket of an earlier run
+    server = grpc.server(ThreadPoolExecutor(max_workers=8, thread_name_prefix="dra"))
+    for add, servicer in servicers:
+        add(servicer, server)
+    try:
+        server.add_insecure_port(f"unix://{path}")
+    except RuntimeError as exc:
+        raise ServeError(f"{path}: cannot listen: {exc}") from exc
+    server.start()
+    return server
+
+
+class KubeletPlugin:
+    def __init__(self, backend: Backend, plugins_dir: Path, registry_dir: Path) -> None:
+        self.backend = backend
+        self.endpoint = plugins_dir / backend.name / "dra.sock"
+        self.registration_socket = registry_dir / f"{backend.name}-reg.sock"
+        self.registration = _Registration(backend.name, self.endpoint)
+        self._stopped = False
+        self._dra: grpc.Server | None = None
+        self._reg: grpc.Server | None = None
+        self._reg_id: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        self.endpoint.parent.mkdir(parents=True, exist_ok=True)
+        self._dra = _serve(self.endpoint, [
+            (_add_dra["v1"], _DRAPlugin(self.backend, dra_v1_pb2)),
+            (_add_dra["v1beta1"], _DRAPlugin(self.backend, dra_v1beta1_pb2)),
+            (_add_health, _Health(self.backend, lambda: self._stopped)),
+        ])  # fmt: skip
+        self._register()
+        log.info("serving %s; registration %s", self.endpoint, self.registration_socket)
+
+    def _register(self) -> None:
+        if self._reg is not None:
+            self._reg.stop(None)
+        self._reg = _serve(self.registration_socket,
+                           [(_add_registration, self.registration)])  # fmt: skip
+        st = os.lstat(self.registration_socket)
+        self._reg_id = (st.st_ino, st.st_ctime_ns)
+
+    def tick(self) -> None:
+        """Serve the registration socket again if it was removed or replaced."""
+        try:
+            st = os.lstat(self.registration_socket)
+            current: tuple[int, int] | None = (st.st_ino, st.st_ctime_ns)
+        except OSError:
+            current = None
+        if current != self._reg_id and self.registration_socket.parent.is_dir():
+            log.info("registration socket gone: registering again")
+            self._register()
+
+    def stop(self) -> None:
+        self._stopped = True
+        for server, path in ((self._reg, self.registration_socket), (self._dra, self.endpoint)):
+            if server is not None:
+                server.stop(2).wait(5)
+            if os.path.lexists(path):
+                path.unlink()

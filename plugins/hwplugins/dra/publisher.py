@@ -1,0 +1,89 @@
+"""Publishing a pool's ResourceSlices with the official ``kubernetes`` client.
+
+Slices are sent as plain dicts through ``CustomObjectsApi`` (a path-generic client for any
+API group): the typed models of an older client would silently drop fields they do not
+know. A publish whose specs equal the last ones is a no-op; any change bumps the pool
+generation (starting above whatever an earlier run of the driver left behind), updates
+every slice of the pool to it and deletes slices the pool no longer needs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from hwplugins.dra.slices import DRIVER, Pool, resource_slices, slice_specs
+
+log = logging.getLogger("hwplugins.dra")
+
+GROUP, VERSION, SLICES = "resource.k8s.io", "v1", "resourceslices"
+
+
+class Publisher:
+    def __init__(self, api: client.ApiClient, node: str, driver: str = DRIVER) -> None:
+        self.objects = client.CustomObjectsApi(api)
+        self.node = node
+        self.driver = driver
+        self.generation = 0
+        self._last: list[dict[str, Any]] | None = None
+        self._names: set[str] | None = None  # slices of our pool on the server
+
+    def _existing(self) -> dict[str, dict[str, Any]]:
+        listed = self.objects.list_cluster_custom_object(
+            GROUP, VERSION, SLICES,
+            field_selector=f"spec.nodeName={self.node},spec.driver={self.driver}",
+        )  # fmt: skip
+        return {item["metadata"]["name"]: item for item in listed.get("items", [])}
+
+    def publish(self, pool: Pool) -> bool:
+        """Make the server's slices describe ``pool``; True when anything was written."""
+        specs = slice_specs(pool, self.node, self.driver)
+        if specs == self._last:
+            return False
+        existing = self._existing()
+        if self._names is None:  # first publish of this process: continue the generation
+            self.generation = max(
+                (int(s["spec"]["pool"]["generation"]) for s in existing.values()), default=0)
+        self.generation += 1
+        wanted = resource_slices(pool, self.node, self.generation, self.driver)
+        for obj in wanted:
+            name = obj["metadata"]["name"]
+            if name in existing:
+                self.objects.replace_cluster_custom_object(GROUP, VERSION, SLICES, name, obj)
+            else:
+                self.objects.create_cluster_custom_object(GROUP, VERSION, SLICES, obj)
+        names = {o["metadata"]["name"] for o in wanted}
+        for name in sorted(set(existing) - names):
+            try:
+                self.objects.delete_cluster_custom_object(GROUP, VERSION, SLICES, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        self._names = names
+        self._last = specs
+        log.info("published %d slice(s) of pool %s, generation %d (%d devices)",
+                 len(wanted), self.node, self.generation, len(pool.devices))  # fmt: skip
+        return True
+
+    def forget(self) -> None:
+        """Publish everything again on the next call (after an API error, say)."""
+        self._last = None
+
+    def delete_all(self) -> None:
+        for name in sorted(self._existing()):
+            try:
+                self.objects.delete_cluster_custom_object(GROUP, VERSION, SLICES, name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        self._last = None
+
+
+def read_claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    claim: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "resourceclaims", name
+    )
+    return claim
