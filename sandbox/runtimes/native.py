@@ -14,8 +14,9 @@ admin's), the containerd and kubelet configs, the CNI config (bridge ``hwsb0`` +
 host-local; containerd adds loopback), the local pause and busybox images (``_images``).
 The fake hardware comes from ``sandbox.agent`` (``prepare_node_tree``): the kubelet's own
 /sys stays real; device plugins read the FUSE tree; containerd sees the node's device
-nodes (``state_dir/dev``, all 1:3) under its /dev through an overlay in its own mount
-namespace (``_with_node_dev``), so the host's /dev is never written.
+nodes (``state_dir/dev``, all 1:3, plus the fake /dev's relative symlinks such as
+``dri/by-path``) under its /dev through an overlay in its own mount namespace
+(``_with_node_dev``), so the host's /dev is never written.
 
 Only the profile's FIRST node is run; the Kubernetes node name is its ``NodeSpec.name``.
 The kubelet's root dir is ``/var/lib/kubelet`` (``HWSANDBOX_KUBELET_ROOT`` overrides) so
@@ -541,6 +542,33 @@ def prepare_node_tree(layout: Layout, node: NodeSpec, profile_path: str,
     except SandboxError as exc:
         raise RuntimeBackendError("mount", str(exc)) from exc
     _adopt(layout, "mount", pid)
+    _link_dev_symlinks(layout, node)
+
+
+def _link_dev_symlinks(layout: Layout, node: NodeSpec) -> None:
+    """Copy the fake /dev's relative symlinks (``dri/by-path/pci-…-card -> ../card0``)
+    into ``state_dir/dev`` next to the device nodes the mount server made there.
+
+    Plugins hand such links out as mounts (Intel's GPU plugin mounts
+    ``/dev/dri/by-path/pci-<bdf>-card``); the CRI stats a mount's host path and, when it
+    is missing, tries to mkdir it, which fails on containerd's read-only /dev overlay.
+    Made from the node's full tree, like the device nodes, so they never change after up.
+    """
+    from sandbox.fakehw.build import build_tree
+    from sandbox.fakehw.tree import Symlink
+
+    tree = build_tree(node, {})
+    dev = layout.dev.resolve()
+    for path, entry in tree.walk():
+        if not path.startswith("dev/") or not isinstance(entry, Symlink):
+            continue
+        link = layout.dev / path.removeprefix("dev/")
+        target = (link.parent / entry.target).resolve()
+        if entry.target.startswith("/") or dev not in target.parents:
+            continue  # only links that stay inside the node's /dev
+        link.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            link.symlink_to(entry.target)
 
 
 def start_node_plugins(layout: Layout, progress: Progress) -> None:
@@ -624,8 +652,12 @@ class NativeRuntime:
 
     name = "native"
 
-    def __init__(self, feature_gates: dict[str, bool] | None = None) -> None:
+    def __init__(self, feature_gates: dict[str, bool] | None = None,
+                 reference_plugin: bool = True) -> None:
         self.feature_gates = dict(feature_gates or {})
+        # False: no hwplugins.deviceplugin on the node, so a third-party plugin under test
+        # is the only one serving its resource (e.g. gpu.intel.com/i915)
+        self.reference_plugin = reference_plugin
 
     # -- checks ------------------------------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -831,7 +863,8 @@ class NativeRuntime:
         _wait_for(layout, "kubelet", "healthy", lambda: _http_ok(
             f"http://127.0.0.1:{ports['kubelet-healthz']}/healthz"), 120)
 
-        start_node_plugins(layout, progress)
+        if self.reference_plugin:
+            start_node_plugins(layout, progress)
 
         progress("waiting for the node to be Ready")
         _wait_for(layout, "kubelet", f"Ready (node {node.name})",

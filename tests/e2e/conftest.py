@@ -1,19 +1,29 @@
 """End-to-end fixtures: a real single-node Kubernetes (the ``native`` runtime).
 
-The cluster is brought up once per session from ``profiles/8gpu-2numa.yaml`` in a
-temporary state dir and torn down at the end; ``down`` must leave no process, mount or
-device node behind. Missing prerequisites FAIL the tests with the command that fixes them
-(``scripts/build-k8s``); nothing is skipped.
+The native runtime owns ``/var/lib/kubelet``, so only one cluster runs at a time. The
+session-scoped ``sandboxes`` keeps at most one up and switches profiles on demand:
+``native_cluster`` is ``profiles/8gpu-2numa.yaml``, ``intel_cluster`` is
+``profiles/intel-flex-sriov.yaml``. Modules run in name order (test_native.py, then
+test_native_thirdparty.py), so each profile comes up once. Every ``down`` (a switch, the
+end of the session, or test_down_leaves_nothing_behind) is checked: no process, mount,
+device node, containerd socket or state dir of that cluster may remain.
+
+Missing prerequisites FAIL the tests with the command that fixes them
+(``scripts/build-k8s``, ``scripts/build-plugins``); nothing is skipped.
 
 Run: ``sudo scripts/build-k8s && sudo tox -e e2e`` (or ``pytest tests/e2e`` as root).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +31,90 @@ import pytest
 
 from sandbox.profile.loader import load_profile
 from sandbox.profile.resolve import NodeSpec
-from sandbox.runtimes.native import NativeRuntime
+from sandbox.runtimes.native import (
+    BUSYBOX_REF,
+    Layout,
+    NativeRuntime,
+    _mounts_below,
+    _proc_start_time,
+    _shim_pids,
+    kubelet_root,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "profiles" / "8gpu-2numa.yaml"
+INTEL_PROFILE = REPO / "profiles" / "intel-flex-sriov.yaml"
+if str(REPO) not in sys.path:  # tests.thirdparty (plugin builds) when run as `pytest tests/e2e`
+    sys.path.append(str(REPO))
 
 
 @dataclass
 class NativeCluster:
     runtime: NativeRuntime
+    profile: Path
     state_dir: Path
     node: NodeSpec
     kubeconfig: Path
     core: Any  # kubernetes.client.CoreV1Api
     up_seconds: float
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.state_dir)
+
+    def ctr(self, *args: str) -> str:
+        """``ctr`` against this cluster's containerd, namespace k8s.io (the CRI's)."""
+        proc = subprocess.run(
+            ["ctr", f"--address={self.layout.containerd_sock}", "--namespace=k8s.io", *args],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"ctr {' '.join(args)}: {proc.stderr}"
+        return proc.stdout
+
+    def sandbox_cli(self, *args: str, timeout: float = 180) -> str:
+        """``sandbox ARGS`` as a user runs it: it finds this cluster, the only one in its
+        state root, through ``HWSANDBOX_STATE_DIR``."""
+        env = dict(os.environ, HWSANDBOX_STATE_DIR=str(self.state_dir.parent))
+        proc = subprocess.run(
+            [sys.executable, "-m", "sandbox", *args],
+            capture_output=True, text=True, timeout=timeout, check=False, env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"sandbox {' '.join(args)}: {proc.stdout}{proc.stderr}"
+        return proc.stdout
+
+
+@dataclass
+class Footprint:
+    """What a running native cluster has on the host, to check ``down`` removed it all."""
+
+    processes: dict[int, str] = field(default_factory=dict)  # pid -> start time
+    tasks: list[str] = field(default_factory=list)  # `ctr tasks ls` rows
+    state_dir: Path = Path()
+
+    def leftovers(self) -> list[str]:
+        found = [f"process {pid} still runs" for pid, started in self.processes.items()
+                 if _proc_start_time(pid) == started]  # fmt: skip
+        layout = Layout(self.state_dir)
+        found += [f"mount {m}" for m in _mounts_below(self.state_dir)]
+        found += [f"mount {m}" for m in _mounts_below(kubelet_root() / "pods")]
+        found += [f"shim {pid}" for pid in _shim_pids(layout.containerd_sock)]
+        for path in (layout.containerd_sock, layout.dev, self.state_dir):
+            if path.exists():
+                found.append(f"{path} exists")
+        return found
+
+
+def footprint(cluster: NativeCluster) -> Footprint:
+    layout = cluster.layout
+    pids: list[int] = []
+    for pid_file in layout.run.glob("*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            pids.append(int(pid_file.read_text().split()[0]))
+    pids += _shim_pids(layout.containerd_sock)
+    rows = cluster.ctr("tasks", "ls").splitlines()[1:]
+    pids += [int(row.split()[1]) for row in rows]  # TASK PID STATUS
+    processes = {pid: started for pid in pids if (started := _proc_start_time(pid))}
+    return Footprint(processes=processes, tasks=rows, state_dir=cluster.state_dir)
 
 
 def wait_until(
@@ -51,36 +131,196 @@ def wait_until(
         time.sleep(0.5)
 
 
-@pytest.fixture(scope="session")
-def native_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NativeCluster]:
-    runtime = NativeRuntime()
-    reason = runtime.unavailable_reason()
-    if reason is not None:
-        pytest.fail(f"native runtime unavailable: {reason}")
+def pod_manifest(name: str, command: str, **container: Any) -> dict[str, Any]:
+    """A busybox pod (the image ``up`` imported; there is no registry) running ``command``."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": BUSYBOX_REF,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", command],
+                **container,
+            }],
+        },
+    }
+
+
+def phase(cluster: NativeCluster, name: str) -> str:
+    return str(cluster.core.read_namespaced_pod(name, "default").status.phase)
+
+
+def events(cluster: NativeCluster, pod: str) -> str:
+    items = cluster.core.list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={pod}").items
+    return "; ".join(f"{e.reason}: {e.message}" for e in items)
+
+
+def default_service_account(cluster: NativeCluster) -> bool:
+    names = [sa.metadata.name for sa in
+             cluster.core.list_namespaced_service_account("default").items]
+    return "default" in names
+
+
+def start_pod(cluster: NativeCluster, name: str, command: str, **container: Any) -> None:
+    """Create the pod and wait until its container runs."""
+    wait_until("the default service account", lambda: default_service_account(cluster))
+    cluster.core.create_namespaced_pod("default", pod_manifest(name, command, **container))
+    wait_until(f"pod {name} to run", lambda: phase(cluster, name) != "Pending",
+               describe=lambda: events(cluster, name))
+    assert phase(cluster, name) == "Running", events(cluster, name)
+
+
+@contextlib.contextmanager
+def running_pod(cluster: NativeCluster, name: str, command: str,
+                **container: Any) -> Iterator[None]:
+    """``start_pod``; delete the pod on exit."""
     try:
-        from kubernetes import client, config
-    except ImportError:
-        pytest.fail("the kubernetes Python client is missing: pip install -e '.[test]'")
-    loaded = load_profile(PROFILE)
-    state_dir = tmp_path_factory.mktemp("native") / "state"
-    messages: list[str] = []
-    start = time.monotonic()
-    runtime.up(loaded.cluster, str(PROFILE), state_dir, messages.append)
-    up_seconds = time.monotonic() - start
-    api_client = config.new_client_from_config(config_file=str(state_dir / "kubeconfig"))
-    try:
-        yield NativeCluster(
+        start_pod(cluster, name, command, **container)
+        yield
+    finally:
+        cluster.core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+
+def resource_counts(cluster: NativeCluster, resource: str) -> tuple[int, int]:
+    """(capacity, allocatable) of an extended resource in the node's status."""
+    status = cluster.core.read_node(cluster.node.name).status
+    return (int((status.capacity or {}).get(resource, "0")),
+            int((status.allocatable or {}).get(resource, "0")))
+
+
+def wait_counts(cluster: NativeCluster, resource: str, want: tuple[int, int],
+                timeout: float = 90) -> None:
+    """Poll the node status (the kubelet posts it every 10 s) for capacity/allocatable."""
+    wait_until(f"{resource} capacity/allocatable {want[0]}/{want[1]} on the node",
+               lambda: resource_counts(cluster, resource) == want, timeout,
+               describe=lambda: f"have {resource_counts(cluster, resource)}")
+
+
+@contextlib.contextmanager
+def pod_resources() -> Iterator[Any]:
+    """A ``PodResourcesLister`` stub (our own protos) on the kubelet's pod-resources socket.
+
+    Open one per query: a restarted kubelet recreates the socket.
+    """
+    import grpc
+    from hwplugins.api import podresources_v1_pb2_grpc
+
+    sock = kubelet_root() / "pod-resources" / "kubelet.sock"
+    with grpc.insecure_channel(f"unix://{sock}") as channel:
+        yield podresources_v1_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+
+
+def allocatable_devices(resource: str) -> dict[str, list[int]]:
+    """GetAllocatableResources: device id -> NUMA node ids, for one resource."""
+    from hwplugins.api import podresources_v1_pb2 as pr
+
+    with pod_resources() as stub:
+        reply = stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=10)
+    return {dev_id: [n.ID for n in d.topology.nodes]
+            for d in reply.devices if d.resource_name == resource for dev_id in d.device_ids}
+
+
+def container_devices(pod: str, resource: str) -> dict[str, list[int]]:
+    """List: device id -> NUMA node ids of ``resource`` given to default/``pod``'s container."""
+    from hwplugins.api import podresources_v1_pb2 as pr
+
+    with pod_resources() as stub:
+        reply = stub.List(pr.ListPodResourcesRequest(), timeout=10)
+    (found,) = [p for p in reply.pod_resources if (p.namespace, p.name) == ("default", pod)]
+    (container,) = found.containers
+    assert container.name == "main"
+    return {dev_id: [n.ID for n in d.topology.nodes]
+            for d in container.devices if d.resource_name == resource for dev_id in d.device_ids}
+
+
+class Sandboxes:
+    """At most one native cluster at a time (it owns /var/lib/kubelet)."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self.factory = factory
+        self.current: NativeCluster | None = None
+        self._api_client: Any = None
+
+    def get(self, profile: Path, reference_plugin: bool = True) -> NativeCluster:
+        current = self.current
+        if current is not None and (current.profile, current.runtime.reference_plugin) == (
+                profile, reference_plugin):
+            return current
+        if current is not None:
+            before = footprint(current)
+            self.down()
+            assert before.leftovers() == [], f"down of {before.state_dir} left things behind"
+        return self._up(profile, reference_plugin)
+
+    def _up(self, profile: Path, reference_plugin: bool) -> NativeCluster:
+        runtime = NativeRuntime(reference_plugin=reference_plugin)
+        reason = runtime.unavailable_reason()
+        if reason is not None:
+            pytest.fail(f"native runtime unavailable: {reason}")
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            pytest.fail("the kubernetes Python client is missing: pip install -e '.[test]'")
+        loaded = load_profile(profile)
+        state_dir = self.factory.mktemp("native") / "state"
+        start = time.monotonic()
+        runtime.up(loaded.cluster, str(profile), state_dir, lambda _m: None)
+        up_seconds = time.monotonic() - start
+        self._api_client = config.new_client_from_config(
+            config_file=str(state_dir / "kubeconfig"))
+        self.current = NativeCluster(
             runtime=runtime,
+            profile=profile,
             state_dir=state_dir,
             node=loaded.cluster.nodes[0],
             kubeconfig=state_dir / "kubeconfig",
-            core=client.CoreV1Api(api_client),
+            core=client.CoreV1Api(self._api_client),
             up_seconds=up_seconds,
         )
-    finally:
-        api_client.close()
+        return self.current
+
+    def down(self) -> None:
+        cluster, self.current = self.current, None
+        if cluster is None:
+            return
+        self._api_client.close()
         # down removes the state dir; keep the component logs for a failed run.
-        keep = tmp_path_factory.mktemp("native-logs")
-        shutil.copytree(state_dir / "logs", keep, dirs_exist_ok=True)
-        runtime.down(state_dir, messages.append)
-    assert not state_dir.exists(), f"down left {state_dir} behind"
+        keep = self.factory.mktemp(f"native-logs-{cluster.profile.stem}")
+        shutil.copytree(cluster.layout.logs, keep, dirs_exist_ok=True)
+        cluster.runtime.down(cluster.state_dir, lambda _m: None)
+        assert not cluster.state_dir.exists(), f"down left {cluster.state_dir} behind"
+
+
+@pytest.fixture(scope="session")
+def sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandboxes]:
+    boxes = Sandboxes(tmp_path_factory)
+    try:
+        yield boxes
+    finally:
+        last = boxes.current
+        before = footprint(last) if last is not None else None
+        boxes.down()
+        if before is not None:
+            assert before.leftovers() == [], f"down of {before.state_dir} left things behind"
+
+
+@pytest.fixture
+def native_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/8gpu-2numa.yaml``: node gpu-worker, 8 H100 (0-3 on NUMA 0, 4-7 on 1)."""
+    return sandboxes.get(PROFILE)
+
+
+@pytest.fixture
+def intel_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/intel-flex-sriov.yaml``: node flex-worker, two Flex 170 (one with 4 VFs).
+
+    Without our reference device plugin, which would serve gpu.intel.com/i915 too: the
+    third-party plugins under test are the only ones registered with the kubelet.
+    """
+    return sandboxes.get(INTEL_PROFILE, reference_plugin=False)

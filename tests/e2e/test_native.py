@@ -2,47 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
-from typing import Any
+from pathlib import Path
 
-from conftest import NativeCluster, wait_until
+import grpc
+from conftest import (
+    NativeCluster,
+    Sandboxes,
+    allocatable_devices,
+    container_devices,
+    default_service_account,
+    events,
+    footprint,
+    phase,
+    pod_manifest,
+    resource_counts,
+    running_pod,
+    start_pod,
+    wait_counts,
+    wait_until,
+)
 
-from sandbox.runtimes.native import BUSYBOX_REF, kubelet_root
+from sandbox.runtimes.native import _mounts_below, kubelet_root
 
-
-def _pod(name: str, command: str, **container: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": BUSYBOX_REF,
-                "imagePullPolicy": "Never",  # no registry: the image was imported locally
-                "command": ["sh", "-c", command],
-                **container,
-            }],
-        },
-    }
-
-
-def _phase(cluster: NativeCluster, name: str) -> str:
-    return str(cluster.core.read_namespaced_pod(name, "default").status.phase)
-
-
-def _events(cluster: NativeCluster, pod: str) -> str:
-    events = cluster.core.list_namespaced_event(
-        "default", field_selector=f"involvedObject.name={pod}").items
-    return "; ".join(f"{e.reason}: {e.message}" for e in events)
-
-
-def _default_service_account(cluster: NativeCluster) -> bool:
-    names = [sa.metadata.name for sa in
-             cluster.core.list_namespaced_service_account("default").items]
-    return "default" in names
+GPU = "nvidia.com/gpu"
 
 
 def test_node_is_ready(native_cluster: NativeCluster) -> None:
@@ -56,13 +41,13 @@ def test_node_is_ready(native_cluster: NativeCluster) -> None:
 
 
 def test_busybox_pod_runs_to_completion(native_cluster: NativeCluster) -> None:
-    wait_until("the default service account", lambda: _default_service_account(native_cluster))
+    wait_until("the default service account", lambda: default_service_account(native_cluster))
     core = native_cluster.core
-    core.create_namespaced_pod("default", _pod("hello", "echo hello from $(hostname)"))
+    core.create_namespaced_pod("default", pod_manifest("hello", "echo hello from $(hostname)"))
     try:
         wait_until("pod hello to finish",
-                   lambda: _phase(native_cluster, "hello") in ("Succeeded", "Failed"),
-                   describe=lambda: _events(native_cluster, "hello"))
+                   lambda: phase(native_cluster, "hello") in ("Succeeded", "Failed"),
+                   describe=lambda: events(native_cluster, "hello"))
         pod = core.read_namespaced_pod("hello", "default")
         assert pod.spec.node_name == native_cluster.node.name  # the scheduler placed it
         assert pod.status.phase == "Succeeded", pod.status
@@ -74,9 +59,7 @@ def test_busybox_pod_runs_to_completion(native_cluster: NativeCluster) -> None:
 
 
 def _gpus(cluster: NativeCluster) -> tuple[int, int]:
-    (node,) = cluster.runtime.status(cluster.state_dir).nodes
-    gpu = next((r for r in node.resources if r.resource == "nvidia.com/gpu"), None)
-    return (gpu.capacity, gpu.allocatable) if gpu else (0, 0)
+    return resource_counts(cluster, GPU)
 
 
 def test_kubelet_advertises_the_profiles_gpus(native_cluster: NativeCluster) -> None:
@@ -87,16 +70,16 @@ def test_kubelet_advertises_the_profiles_gpus(native_cluster: NativeCluster) -> 
 
 def test_two_gpu_pod_sees_two_device_nodes(native_cluster: NativeCluster) -> None:
     wait_until("nvidia.com/gpu 8/8 on the node", lambda: _gpus(native_cluster) == (8, 8))
-    wait_until("the default service account", lambda: _default_service_account(native_cluster))
+    wait_until("the default service account", lambda: default_service_account(native_cluster))
     core = native_cluster.core
     command = "ls /dev | grep -E '^nvidia[0-9]+$'; echo \"visible=$NVIDIA_VISIBLE_DEVICES\""
-    core.create_namespaced_pod("default", _pod(
+    core.create_namespaced_pod("default", pod_manifest(
         "gpu2", command, resources={"limits": {"nvidia.com/gpu": "2"}}))
     try:
         wait_until("pod gpu2 to finish",
-                   lambda: _phase(native_cluster, "gpu2") in ("Succeeded", "Failed"),
-                   describe=lambda: _events(native_cluster, "gpu2"))
-        assert _phase(native_cluster, "gpu2") == "Succeeded", _events(native_cluster, "gpu2")
+                   lambda: phase(native_cluster, "gpu2") in ("Succeeded", "Failed"),
+                   describe=lambda: events(native_cluster, "gpu2"))
+        assert phase(native_cluster, "gpu2") == "Succeeded", events(native_cluster, "gpu2")
         lines = core.read_namespaced_pod_log("gpu2", "default").splitlines()
         nodes = [line for line in lines if line.startswith("nvidia")]
         assert len(nodes) == 2, lines
@@ -132,3 +115,134 @@ def test_restart_kubelet_recreates_its_socket(native_cluster: NativeCluster) -> 
     # Plugins notice their socket is gone and register again.
     wait_until("nvidia.com/gpu 8/8 after the restart", lambda: _gpus(native_cluster) == (8, 8),
                describe=lambda: f"capacity/allocatable {_gpus(native_cluster)}")
+
+
+# -- what the kubelet reports, through the pod-resources API ------------------------------
+
+
+def _gpu_table(cluster: NativeCluster) -> dict[str, tuple[str, int]]:
+    """GPU UUID (the plugin's device id) -> (device name, NUMA node), from the live node:
+    `sandbox fault list` names and places the devices, the fake
+    /proc/driver/nvidia/gpus/<bdf>/information gives each one's UUID."""
+    devices = json.loads(cluster.sandbox_cli("fault", "list", "-o", "json"))[cluster.node.name]
+    table = {}
+    for name, info in devices.items():
+        if info["kind"] != "gpu":
+            continue
+        text = (cluster.state_dir / "node-root" / "proc" / "driver" / "nvidia" / "gpus"
+                / info["pci_address"] / "information").read_text()
+        match = re.search(r"^GPU UUID:\s*(\S+)", text, re.M)
+        assert match, text
+        table[match.group(1)] = (name, int(info["numa_node"]))
+    # profiles/8gpu-2numa.yaml: four H100 per NUMA node
+    assert sorted(table.values()) == [(f"gpu{i}", 0 if i < 4 else 1) for i in range(8)]
+    return table
+
+
+def _host_numa_nodes() -> list[int]:
+    nodes = Path("/sys/devices/system/node").glob("node[0-9]*")
+    return sorted(int(n.name.removeprefix("node")) for n in nodes) or [0]
+
+
+def test_pod_resources_api_lists_the_gpus_with_numa_ids(native_cluster: NativeCluster) -> None:
+    """The kubelet's own pod-resources API, dialled with our protos, reports the 2-GPU pod's
+    devices and every allocatable GPU with the NUMA node the profile gives it.
+
+    The kubelet passes the plugin's NUMA ids through unchanged, NUMA 1 included, even on a
+    host whose cadvisor knows only NUMA 0 (it logs "Ignoring NUMA node IDs reported by
+    device plugin that are unknown to cadvisor" and builds topology hints from node 0 only).
+    """
+    table = _gpu_table(native_cluster)
+    wait_counts(native_cluster, GPU, (8, 8))
+    assert allocatable_devices(GPU) == {uuid: [numa] for uuid, (_, numa) in table.items()}
+
+    with running_pod(native_cluster, "gpu2-hold", "sleep 3600",
+                     resources={"limits": {GPU: "2"}}):
+        given = container_devices("gpu2-hold", GPU)
+    assert len(given) == 2, given
+    for uuid, ids in given.items():
+        assert ids == [table[uuid][1]], (uuid, table[uuid], ids)
+    # single-numa-node policy: both from one NUMA node, and one the host has
+    (numa,) = {n for (n,) in given.values()}
+    assert numa in _host_numa_nodes(), (numa, _host_numa_nodes())
+
+
+# -- faults through the CLI ----------------------------------------------------------------
+
+
+def _registrations_since(cluster: NativeCluster, offset: int) -> int:
+    with (cluster.layout.logs / "kubelet.log").open("rb") as log:
+        log.seek(offset)
+        text = log.read().decode(errors="replace")
+    return text.count(f'"Got registration request from device plugin with resource" '
+                      f'resourceName="{GPU}"')
+
+
+def _allocatable_now() -> set[str]:
+    """GPU ids in GetAllocatableResources; none while the kubelet's socket is not up."""
+    try:
+        return set(allocatable_devices(GPU))
+    except grpc.RpcError:
+        return set()
+
+
+def test_faults_through_the_cli_reach_the_node_status(native_cluster: NativeCluster) -> None:
+    """`sandbox fault` on the native sandbox: health, kubelet restart, unplug.
+
+    A fault is hardware state, so it survives a kubelet restart: the plugin re-registers
+    with the new kubelet (seen in the kubelet's log and through the new kubelet's
+    pod-resources API) and reports the unhealthy GPU again (allocatable stays 7); healing
+    it brings allocatable back to 8.
+    """
+    node = native_cluster.node.name
+    table = _gpu_table(native_cluster)
+    uuid_of = {name: uuid for uuid, (name, _) in table.items()}
+    wait_counts(native_cluster, GPU, (8, 8))
+    try:
+        native_cluster.sandbox_cli("fault", "health", node, "gpu3", "unhealthy")
+        wait_counts(native_cluster, GPU, (8, 7))
+
+        log_size = (native_cluster.layout.logs / "kubelet.log").stat().st_size
+        out = native_cluster.sandbox_cli("fault", "restart-kubelet", node)
+        assert out.strip() == f"{node}: kubelet restarted"
+        wait_until("the plugin to register with the restarted kubelet",
+                   lambda: _registrations_since(native_cluster, log_size) >= 1, 60)
+        wait_until("7 healthy GPUs in the new kubelet's allocatable devices",
+                   lambda: len(_allocatable_now()) == 7, 60,
+                   describe=lambda: str(sorted(_allocatable_now())))
+        assert uuid_of["gpu3"] not in allocatable_devices(GPU)
+        wait_counts(native_cluster, GPU, (8, 7))
+
+        native_cluster.sandbox_cli("fault", "health", node, "gpu3", "healthy")
+        wait_counts(native_cluster, GPU, (8, 8))
+
+        native_cluster.sandbox_cli("fault", "unplug", node, "gpu5")
+        wait_counts(native_cluster, GPU, (7, 7))
+        assert uuid_of["gpu5"] not in allocatable_devices(GPU)
+        native_cluster.sandbox_cli("fault", "plug", node, "gpu5")
+        wait_counts(native_cluster, GPU, (8, 8))
+    finally:  # leave the hardware as the profile says for whatever runs next
+        native_cluster.sandbox_cli("fault", "health", node, "gpu3", "healthy")
+        native_cluster.sandbox_cli("fault", "plug", node, "gpu5")
+
+
+# -- down ------------------------------------------------------------------------------------
+
+
+def test_down_leaves_nothing_behind(native_cluster: NativeCluster, sandboxes: Sandboxes) -> None:
+    """With a pod running (containerd tasks, shims, kubelet volume mounts, a netns), `down`
+    leaves no process, mount, device node, containerd socket or state dir of the cluster.
+
+    Runs last in this module: the next module brings up its own profile.
+    """
+    layout = native_cluster.layout
+    start_pod(native_cluster, "sleeper", "sleep 3600", resources={"limits": {GPU: "1"}})
+    before = footprint(native_cluster)
+    assert before.tasks, "no containerd task is running: nothing to check"
+    assert len(before.tasks) == 2, before.tasks  # the pod sandbox (pause) + main
+    assert _mounts_below(kubelet_root() / "pods"), "the pod has no volume mounted"
+    assert str(layout.state / "node-root") in _mounts_below(layout.state)
+    assert (layout.dev / "nvidia0").exists()
+    assert layout.containerd_sock.exists()
+    sandboxes.down()  # with the pod still running
+    assert before.leftovers() == []
