@@ -7,6 +7,7 @@ Everything goes through the CLI a user would type (`sandbox mount --daemon`,
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,15 +43,17 @@ def mounted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Pa
     try:
         yield root, base / "control.sock"
     finally:
-        unmount(root)
-        for _ in range(200):
+        os.kill(pid, signal.SIGTERM)  # the server unmounts itself and exits
+        for _ in range(600):
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
                 break
             time.sleep(0.05)
         else:
-            raise AssertionError(f"server {pid} did not exit after unmount")
+            unmount(root)
+            raise AssertionError(f"server {pid} did not exit within 30 s of SIGTERM")
+        assert not root.is_mount()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ detached processes with pid files and logs under ``state_dir``::
 
     etcd -> kube-apiserver -> kube-controller-manager, kube-scheduler
          -> node tree (FUSE mount + device nodes) -> containerd -> kubelet
-         -> reference device plugin
+         -> reference device plugin [-> reference DRA driver, ``dra_driver=True``]
 
 It owns: certificates (``openssl`` CLI), kubeconfigs (``state_dir/kubeconfig`` is the
 admin's), the containerd and kubelet configs, the CNI config (bridge ``hwsb0`` +
@@ -88,7 +88,9 @@ KUBELET_SYSCTLS = (
 # Start order; down() stops in reverse.
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd",
          "kubelet")
-EXTRAS = ("deviceplugin", "mount")  # prepare_node_tree's processes, stopped first
+# prepare_node_tree's and the node plugins' processes, stopped first (in this order)
+EXTRAS = ("dra-driver", "deviceplugin", "mount")
+DRA_DRIVER_ENV = "HWSANDBOX_NATIVE_DRA"  # "1": NativeRuntime() starts the DRA driver too
 BUILD_HINT = "run scripts/build-k8s"
 
 
@@ -152,6 +154,11 @@ class Layout:
     @property
     def kubeconfig(self) -> Path:
         return self.state / "kubeconfig"
+
+    @property
+    def dra(self) -> Path:
+        """The reference DRA driver's config and checkpoint (``dra_driver=True``)."""
+        return self.state / "dra"
 
 
 # -- processes ---------------------------------------------------------------------------
@@ -583,6 +590,43 @@ def start_node_plugins(layout: Layout, progress: Progress) -> None:
     ])
 
 
+def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None:
+    """The reference DRA driver (``python -m hwplugins.dra``) on the fake root, against the
+    real kubelet and API server.
+
+    Runs once the kubelet is healthy: it waits for the kubelet's ``plugins_registry`` (the
+    kubelet's plugin watcher creates it), then the driver serves
+    ``plugins/dra.hwsandbox.dev/dra.sock`` and registers through
+    ``plugins_registry/dra.hwsandbox.dev-reg.sock``. CDI specs of prepared claims go to
+    ``state_dir/cdi`` (containerd's ``cdi_spec_dirs``; containerd 1.6 ignores it), their
+    ``hostPath``s name the node's device nodes in ``state_dir/dev``; the partition config
+    (``sandbox dra config``) and the checkpoint live in ``state_dir/dra``, so nothing of a
+    torn-down cluster is left under the kubelet root. API access: the admin kubeconfig.
+    """
+    from hwplugins.dra import DRIVER
+
+    from sandbox.cli.dra import driver_config
+
+    root = kubelet_root()
+    registry = root / "plugins_registry"
+    _wait_for(layout, "kubelet", f"serving its plugin watcher ({registry})",
+              registry.is_dir, 60)
+    layout.dra.mkdir(parents=True, exist_ok=True)
+    layout.cdi.mkdir(parents=True, exist_ok=True)
+    config = layout.dra / "config.json"
+    config.write_text(json.dumps(driver_config(node), indent=2) + "\n")
+    progress("reference DRA driver")
+    _spawn(layout, "dra-driver", [
+        sys.executable, "-m", "hwplugins.dra", "--root", str(layout.state / "node-root"),
+        "--node-name", node.name, "--kubeconfig", str(layout.kubeconfig),
+        "--config", str(config), "--plugins-dir", str(root / "plugins"),
+        "--registry-dir", str(registry), "--cdi-dir", str(layout.cdi),
+        "--host-dev-dir", str(layout.dev), "--checkpoint", str(layout.dra / "checkpoint.json"),
+    ])
+    socket_path = registry / f"{DRIVER}-reg.sock"
+    _wait_for(layout, "dra-driver", f"serving {socket_path}", socket_path.exists, 60)
+
+
 # -- cleanup helpers ----------------------------------------------------------------------
 
 
@@ -653,11 +697,16 @@ class NativeRuntime:
     name = "native"
 
     def __init__(self, feature_gates: dict[str, bool] | None = None,
-                 reference_plugin: bool = True) -> None:
+                 reference_plugin: bool = True, dra_driver: bool | None = None) -> None:
         self.feature_gates = dict(feature_gates or {})
         # False: no hwplugins.deviceplugin on the node, so a third-party plugin under test
         # is the only one serving its resource (e.g. gpu.intel.com/i915)
         self.reference_plugin = reference_plugin
+        # True: also run the reference DRA driver (hwplugins.dra) on the node. Off by
+        # default (the CLI's `sandbox up --runtime native` takes HWSANDBOX_NATIVE_DRA=1).
+        if dra_driver is None:
+            dra_driver = os.environ.get(DRA_DRIVER_ENV, "") == "1"
+        self.dra_driver = dra_driver
 
     # -- checks ------------------------------------------------------------------------
     def unavailable_reason(self) -> str | None:
@@ -719,6 +768,7 @@ class NativeRuntime:
                                          Path("/run/containerd")) if not p.exists()],
             "sysctls": {k: _sysctl(k) for k in KUBELET_SYSCTLS},
             "netns": [],
+            "dra_driver": self.dra_driver,
         }
         write_record(state_dir, record)
         try:
@@ -865,6 +915,8 @@ class NativeRuntime:
 
         if self.reference_plugin:
             start_node_plugins(layout, progress)
+        if self.dra_driver:
+            start_dra_driver(layout, node, progress)
 
         progress("waiting for the node to be Ready")
         _wait_for(layout, "kubelet", f"Ready (node {node.name})",
@@ -877,7 +929,7 @@ class NativeRuntime:
         layout = Layout(state_dir)
         record = read_record(state_dir) or {}
         root = Path(record.get("kubelet_root", str(kubelet_root())))
-        # The fake hardware goes first: plugin, then the FUSE server (which removes dev/).
+        # The fake hardware goes first: plugins, then the FUSE server (which removes dev/).
         for name in EXTRAS:
             progress(f"stopping {name}")
             _stop(layout, name)
@@ -1020,6 +1072,8 @@ def _node_status(layout: Layout, name: str) -> NodeStatus:
     for proc in ORDER:
         if _read_pid(layout, proc) is None:
             status.notes.append(f"{proc} is not running (log {layout.logs / (proc + '.log')})")
+    if (layout.run / "dra-driver.pid").exists() and _read_pid(layout, "dra-driver") is None:
+        status.notes.append(f"the DRA driver is not running (log {layout.logs / 'dra-driver.log'})")
     api = _api(layout)
     try:
         node = api.read_node(name)

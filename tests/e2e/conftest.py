@@ -2,11 +2,12 @@
 
 The native runtime owns ``/var/lib/kubelet``, so only one cluster runs at a time. The
 session-scoped ``sandboxes`` keeps at most one up and switches profiles on demand:
-``native_cluster`` is ``profiles/8gpu-2numa.yaml``, ``intel_cluster`` is
-``profiles/intel-flex-sriov.yaml``. Modules run in name order (test_native.py, then
-test_native_thirdparty.py), so each profile comes up once. Every ``down`` (a switch, the
-end of the session, or test_down_leaves_nothing_behind) is checked: no process, mount,
-device node, containerd socket or state dir of that cluster may remain.
+``native_cluster`` is ``profiles/8gpu-2numa.yaml``, ``dra_cluster`` the same profile with
+the reference DRA driver instead of the device plugin, ``intel_cluster`` is
+``profiles/intel-flex-sriov.yaml``. Modules run in name order (test_native.py,
+test_native_dra.py, test_native_thirdparty.py), so each comes up once. Every ``down`` (a
+switch, the end of the session, or test_down_leaves_nothing_behind) is checked: no
+process, mount, device node, containerd socket or state dir of that cluster may remain.
 
 Missing prerequisites FAIL the tests with the command that fixes them
 (``scripts/build-k8s``, ``scripts/build-plugins``); nothing is skipped.
@@ -247,19 +248,21 @@ class Sandboxes:
         self.current: NativeCluster | None = None
         self._api_client: Any = None
 
-    def get(self, profile: Path, reference_plugin: bool = True) -> NativeCluster:
+    def get(self, profile: Path, reference_plugin: bool = True,
+            dra_driver: bool = False) -> NativeCluster:
         current = self.current
-        if current is not None and (current.profile, current.runtime.reference_plugin) == (
-                profile, reference_plugin):
+        if current is not None and (current.profile, current.runtime.reference_plugin,
+                                    current.runtime.dra_driver) == (
+                profile, reference_plugin, dra_driver):
             return current
         if current is not None:
             before = footprint(current)
             self.down()
             assert before.leftovers() == [], f"down of {before.state_dir} left things behind"
-        return self._up(profile, reference_plugin)
+        return self._up(profile, reference_plugin, dra_driver)
 
-    def _up(self, profile: Path, reference_plugin: bool) -> NativeCluster:
-        runtime = NativeRuntime(reference_plugin=reference_plugin)
+    def _up(self, profile: Path, reference_plugin: bool, dra_driver: bool = False) -> NativeCluster:
+        runtime = NativeRuntime(reference_plugin=reference_plugin, dra_driver=dra_driver)
         reason = runtime.unavailable_reason()
         if reason is not None:
             pytest.fail(f"native runtime unavailable: {reason}")
@@ -314,6 +317,14 @@ def sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandboxes]:
 def native_cluster(sandboxes: Sandboxes) -> NativeCluster:
     """``profiles/8gpu-2numa.yaml``: node gpu-worker, 8 H100 (0-3 on NUMA 0, 4-7 on 1)."""
     return sandboxes.get(PROFILE)
+
+
+@pytest.fixture
+def dra_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/8gpu-2numa.yaml`` with the reference DRA driver (``hwplugins.dra``) started
+    by the runtime (``NativeRuntime(dra_driver=True)``) and no device plugin, so the GPUs
+    reach pods only through DRA."""
+    return sandboxes.get(PROFILE, reference_plugin=False, dra_driver=True)
 
 
 @pytest.fixture
