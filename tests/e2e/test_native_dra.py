@@ -1,0 +1,391 @@
+"""The reference DRA driver (``hwplugins.dra``) against the REAL kubelet (native runtime).
+
+``dra_cluster``: profiles/8gpu-2numa.yaml (node gpu-worker, 8 H100 + 2 ConnectX-7) started
+with ``NativeRuntime(dra_driver=True, reference_plugin=False)``: after the kubelet is
+healthy the runtime starts ``python -m hwplugins.dra`` on the node's FUSE tree with the
+kubelet's own ``/var/lib/kubelet/plugins_registry`` and ``plugins`` dirs, ``--cdi-dir
+state_dir/cdi`` (containerd's ``cdi_spec_dirs``), ``--host-dev-dir state_dir/dev`` and the
+partition config of ``sandbox dra config``. No device plugin runs: GPUs reach pods only
+through claims. What is checked, end to end:
+
+1. the kubelet's plugin watcher registers the driver (GetInfo, then
+   NotifyRegistrationStatus) and the driver's ResourceSlice for the node appears;
+2. a pod with a ResourceClaim for one whole GPU is scheduled (real scheduler), the real
+   kubelet calls NodePrepareResources: the CDI spec exists and names the GPU's
+   ``/dev/nvidiaN``, the kubelet's pod-resources API lists the claim with the CDI id the
+   driver answered, the claim is reserved for the pod, and the pod runs;
+3. deleting the pod makes the kubelet call NodeUnprepareResources: the CDI file is gone;
+4. ``sandbox fault unplug`` of a GPU held by a running pod updates the ResourceSlice
+   within seconds (pool generation bumped); unprepare still cleans up afterwards.
+
+containerd 1.6 has no CDI (it arrived in 1.7; see docs/native-runtime.md): the kubelet
+passes the CDI ids on, containerd ignores them, so the container does NOT see the GPU's
+device node. That is asserted too, so the day a CDI-capable containerd is used the test
+says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import (
+    REPO,
+    NativeCluster,
+    default_service_account,
+    events,
+    phase,
+    pod_manifest,
+    wait_until,
+)
+
+from sandbox.runtimes.native import _read_pid, kubelet_root
+
+DRIVER = "dra.hwsandbox.dev"
+GROUP, VERSION, NS = "resource.k8s.io", "v1", "default"
+DEVICE_CLASSES = REPO / "examples" / "dra" / "deviceclasses.yaml"
+HINT = ("see state_dir/logs/dra-driver.log and kubelet.log (copied to pytest's "
+        "native-logs-8gpu-2numa* dir); sandbox.runtimes.native.start_dra_driver starts the "
+        "driver")
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _objects(cluster: NativeCluster) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(cluster.core.api_client)
+
+
+def _log(cluster: NativeCluster, name: str, tail: int = 30) -> str:
+    try:
+        text = (cluster.layout.logs / f"{name}.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no {name}.log)"
+    return f"\n--- {name}.log (tail) ---\n" + "\n".join(text.splitlines()[-tail:])
+
+
+def _kubelet_dra_lines(cluster: NativeCluster) -> str:
+    text = (cluster.layout.logs / "kubelet.log").read_text(errors="replace")
+    lines = [line for line in text.splitlines() if DRIVER in line or "DRA" in line]
+    return "\n--- kubelet.log, DRA lines ---\n" + "\n".join(lines[-20:])
+
+
+def _diagnose(cluster: NativeCluster) -> Callable[[], str]:
+    return lambda: _log(cluster, "dra-driver") + _kubelet_dra_lines(cluster) + "\n" + HINT
+
+
+def _slices(cluster: NativeCluster) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = _objects(cluster).list_cluster_custom_object(
+        GROUP, VERSION, "resourceslices",
+        field_selector=f"spec.nodeName={cluster.node.name},spec.driver={DRIVER}")["items"]
+    return items
+
+
+def _device_names(cluster: NativeCluster) -> set[str]:
+    return {d["name"] for s in _slices(cluster) for d in s["spec"].get("devices", [])}
+
+
+def _generation(cluster: NativeCluster) -> int:
+    return max((int(s["spec"]["pool"]["generation"]) for s in _slices(cluster)), default=0)
+
+
+def _gpus(cluster: NativeCluster) -> dict[str, dict[str, Any]]:
+    """Profile device id (gpu0...) -> `sandbox fault list` info (pci_address, numa_node)."""
+    devices = json.loads(cluster.sandbox_cli("fault", "list", "-o", "json"))[cluster.node.name]
+    return {name: info for name, info in devices.items() if info["kind"] == "gpu"}
+
+
+def _dra_name(pci: str) -> str:
+    return "gpu-" + pci.replace(":", "-").replace(".", "-")
+
+
+def _minor(cluster: NativeCluster, pci: str) -> int:
+    info = (cluster.state_dir / "node-root" / "proc" / "driver" / "nvidia" / "gpus" / pci
+            / "information").read_text()
+    match = re.search(r"^Device Minor:\s*(\d+)", info, re.M)
+    assert match, info
+    return int(match.group(1))
+
+
+def _ensure_device_classes(cluster: NativeCluster) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    objects = _objects(cluster)
+    for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
+        try:
+            objects.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", doc)
+        except ApiException as exc:
+            if exc.status != 409:  # created by an earlier test
+                raise
+
+
+def _claim(cluster: NativeCluster, name: str) -> dict[str, Any]:
+    claim: dict[str, Any] = _objects(cluster).get_namespaced_custom_object(
+        GROUP, VERSION, NS, "resourceclaims", name)
+    return claim
+
+
+def _cdi_files(cluster: NativeCluster) -> list[Path]:
+    return sorted(cluster.layout.cdi.glob("*.json"))
+
+
+def _checkpoint(cluster: NativeCluster) -> dict[str, Any]:
+    claims: dict[str, Any] = json.loads(
+        (cluster.layout.dra / "checkpoint.json").read_text())["claims"]
+    return claims
+
+
+def _dynamic_resources(pod: str) -> list[Any]:
+    """The kubelet's pod-resources List: DynamicResource entries of default/``pod``'s main."""
+    from conftest import pod_resources
+    from hwplugins.api import podresources_v1_pb2 as pr
+
+    with pod_resources() as stub:
+        reply = stub.List(pr.ListPodResourcesRequest(), timeout=10)
+    found = [p for p in reply.pod_resources if (p.namespace, p.name) == (NS, pod)]
+    if not found:
+        return []
+    (container,) = found[0].containers
+    return list(container.dynamic_resources)
+
+
+class ClaimedPod:
+    """A ResourceClaim for the whole GPU at ``pci`` and a busybox pod using it."""
+
+    def __init__(self, cluster: NativeCluster, name: str, pci: str, command: str) -> None:
+        self.cluster, self.name, self.pci = cluster, name, pci
+        expr = f'device.attributes["resource.kubernetes.io"].pciBusID == "{pci}"'
+        _objects(cluster).create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.hwsandbox.dev",
+                "selectors": [{"cel": {"expression": expr}}]}}]}},
+        })  # fmt: skip
+        self.uid: str = _claim(cluster, name)["metadata"]["uid"]
+        pod = pod_manifest(name, command, resources={"claims": [{"name": "gpu"}]})
+        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+        cluster.core.create_namespaced_pod(NS, pod)
+
+    @property
+    def cdi_file(self) -> Path:
+        return self.cluster.layout.cdi / f"hwsandbox.dev-gpu_{self.uid}.json"
+
+    def wait_running(self) -> None:
+        c = self.cluster
+        wait_until(f"pod {self.name} (claim for GPU {self.pci}) to run",
+                   lambda: phase(c, self.name) != "Pending", 120,
+                   describe=lambda: events(c, self.name) + _diagnose(c)())
+        assert phase(c, self.name) == "Running", events(c, self.name) + _diagnose(c)()
+
+    def delete_pod(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.cluster.core.delete_namespaced_pod(self.name, NS, grace_period_seconds=0)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def delete(self) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        self.delete_pod()
+        try:
+            _objects(self.cluster).delete_namespaced_custom_object(
+                GROUP, VERSION, NS, "resourceclaims", self.name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+@pytest.fixture
+def cluster(dra_cluster: NativeCluster) -> Iterator[NativeCluster]:
+    """The DRA cluster with its DeviceClasses, the default service account and the driver's
+    slice published; the driver must still run afterwards."""
+    wait_until("the DRA driver's ResourceSlice for the node", lambda: bool(_slices(dra_cluster)),
+               60, describe=_diagnose(dra_cluster))
+    _ensure_device_classes(dra_cluster)
+    wait_until("the default service account", lambda: default_service_account(dra_cluster))
+    yield dra_cluster
+    assert _read_pid(dra_cluster.layout, "dra-driver") is not None, (
+        "the DRA driver died during the test" + _diagnose(dra_cluster)())
+
+
+# -- 1. registration -----------------------------------------------------------------------
+
+
+def test_real_kubelet_registers_the_driver_and_its_slice_appears(cluster: NativeCluster) -> None:
+    registry = kubelet_root() / "plugins_registry"
+    reg_sock = registry / f"{DRIVER}-reg.sock"
+    dra_sock = kubelet_root() / "plugins" / DRIVER / "dra.sock"
+    assert stat.S_ISSOCK(reg_sock.stat().st_mode), f"{reg_sock} is not a socket; {HINT}"
+    assert stat.S_ISSOCK(dra_sock.stat().st_mode), f"{dra_sock} is not a socket; {HINT}"
+
+    kubelet_log = cluster.layout.logs / "kubelet.log"
+    # The plugin watcher saw the socket and ran GetInfo (OperationExecutor.RegisterPlugin);
+    # the DRA handler validated it and dialled dra.sock ("Connection changed"), and opened
+    # the health stream because GetInfo listed v1alpha1.DRAResourceHealth.
+    wanted = {
+        "plugin watcher": f'"Adding socket path or updating timestamp to desired state cache" '
+                          f'path="{reg_sock}"',
+        "RegisterPlugin": '"OperationExecutor.RegisterPlugin started" plugin={"SocketPath":'
+                          f'"{reg_sock}"',
+        "DRA connection": f'"Connection changed" logger="DRA registration handler" '
+                          f'driverName="{DRIVER}" endpoint="{dra_sock}" connected=true',
+        "health stream": '"Successfully started WatchResources health stream"',
+    }
+
+    def missing() -> list[str]:
+        text = kubelet_log.read_text(errors="replace")
+        return [what for what, line in wanted.items() if line not in text]
+
+    wait_until("the kubelet to register the DRA driver", lambda: not missing(), 60,
+               describe=lambda: f"not in kubelet.log: {missing()}" + _diagnose(cluster)())
+    # NotifyRegistrationStatus(plugin_registered=true) is what makes the driver log this.
+    wait_until("NotifyRegistrationStatus(registered) from the kubelet",
+               lambda: "registered with the kubelet" in _log(cluster, "dra-driver", 10_000),
+               30, describe=_diagnose(cluster))
+    assert "kubelet rejected the registration" not in _log(cluster, "dra-driver", 10_000)
+
+    (slice_,) = _slices(cluster)  # 10 devices: one slice
+    spec = slice_["spec"]
+    assert spec["nodeName"] == cluster.node.name == "gpu-worker"
+    assert spec["pool"]["name"] == cluster.node.name
+    assert spec["pool"]["resourceSliceCount"] == 1
+    gpus = _gpus(cluster)
+    assert len(gpus) == 8
+    by_name = {d["name"]: d for d in spec["devices"]}
+    assert {n for n in by_name if n.startswith("gpu-")} == {
+        _dra_name(g["pci_address"]) for g in gpus.values()}
+    assert len([n for n in by_name if n.startswith("nic-")]) == 2
+    assert len(by_name) == 10, sorted(by_name)
+    for g in gpus.values():  # the profile's NUMA placement reaches the scheduler
+        attrs = by_name[_dra_name(g["pci_address"])]["attributes"]
+        assert attrs["resource.kubernetes.io/numaNode"] == {"int": int(g["numa_node"])}
+        assert attrs["resource.kubernetes.io/pciBusID"] == {"string": g["pci_address"]}
+
+
+# -- 2 + 3. prepare / unprepare by the real kubelet ------------------------------------------
+
+
+def test_claimed_gpu_is_prepared_and_unprepared_by_the_real_kubelet(
+        cluster: NativeCluster) -> None:
+    gpus = _gpus(cluster)
+    pci = gpus["gpu5"]["pci_address"]  # NUMA 1, minor 5: not the first device of anything
+    device = _dra_name(pci)
+    minor = _minor(cluster, pci)
+    command = ("ls /dev | grep -E '^nvidia' || echo no-nvidia-nodes; "
+               "echo \"visible=$NVIDIA_VISIBLE_DEVICES\"; sleep 3600")
+    claimed = ClaimedPod(cluster, "dra-gpu5", pci, command)
+    try:
+        claimed.wait_running()
+        pod = cluster.core.read_namespaced_pod(claimed.name, NS)
+        assert pod.spec.node_name == cluster.node.name
+
+        # The scheduler allocated exactly that GPU and reserved the claim for the pod.
+        status = _claim(cluster, claimed.name)["status"]
+        (result,) = status["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"], result["device"], result["request"]) == (
+            DRIVER, cluster.node.name, device, "gpu")
+        assert [(r["resource"], r["name"], r["uid"]) for r in status["reservedFor"]] == [
+            ("pods", claimed.name, pod.metadata.uid)]
+
+        # NodePrepareResources from the kubelet (nobody else dials dra.sock): the CDI spec
+        # and the checkpoint entry exist, and the kubelet recorded the CDI id we answered.
+        assert claimed.cdi_file.exists(), f"no {claimed.cdi_file}: {_cdi_files(cluster)}"
+        spec = json.loads(claimed.cdi_file.read_text())
+        assert spec["kind"] == "hwsandbox.dev/gpu"
+        (cdi_dev,) = spec["devices"]
+        assert cdi_dev["name"] == f"{claimed.uid}-{device}"
+        nodes = cdi_dev["containerEdits"]["deviceNodes"]
+        assert nodes[0]["path"] == f"/dev/nvidia{minor}"
+        assert minor == 5
+        assert "/dev/nvidiactl" in [n["path"] for n in nodes]
+        for n in nodes:  # hostPath: the node's real device nodes the runtime made
+            host = Path(n["hostPath"])
+            assert host == cluster.layout.dev / n["path"].removeprefix("/dev/")
+            assert stat.S_ISCHR(host.stat().st_mode), host
+        assert list(_checkpoint(cluster)) == [claimed.uid]
+
+        cdi_id = f"hwsandbox.dev/gpu={claimed.uid}-{device}"
+        (dyn,) = _dynamic_resources(claimed.name)
+        assert (dyn.claim_name, dyn.claim_namespace) == (claimed.name, NS)
+        (res,) = dyn.claim_resources
+        assert (res.driver_name, res.pool_name, res.device_name) == (
+            DRIVER, cluster.node.name, device)
+        assert [d.name for d in res.cdi_devices] == [cdi_id]
+
+        # containerd 1.6 ignores CDI: the container gets neither the node nor the env.
+        def log() -> str:
+            return str(cluster.core.read_namespaced_pod_log(claimed.name, NS))
+
+        wait_until("the pod's output", lambda: "visible=" in log(), 30)
+        assert "no-nvidia-nodes" in log(), (
+            "the container sees an NVIDIA device node: is containerd CDI-capable now "
+            f"(>= 1.7)? Then assert the device instead. Log: {log()}")
+        assert "visible=\n" in log(), log()
+
+        # 3. Pod gone -> NodeUnprepareResources -> the CDI file is removed.
+        t0 = time.monotonic()
+        claimed.delete_pod()
+        wait_until("NodeUnprepareResources to remove the claim's CDI file",
+                   lambda: not claimed.cdi_file.exists(), 90,
+                   describe=lambda: f"still {_cdi_files(cluster)}" + _diagnose(cluster)())
+        print(f"CDI file removed {time.monotonic() - t0:.1f}s after the pod's deletion")
+        assert _checkpoint(cluster) == {}
+        assert _cdi_files(cluster) == []
+        wait_until("the claim to be released and deallocated",
+                   lambda: not _claim(cluster, claimed.name).get("status"), 60,
+                   describe=lambda: str(_claim(cluster, claimed.name).get("status")))
+    finally:
+        claimed.delete()
+
+
+# -- 4. unplug ---------------------------------------------------------------------------------
+
+
+def test_unplugging_a_claimed_gpu_updates_the_slice(cluster: NativeCluster) -> None:
+    node = cluster.node.name
+    pci = _gpus(cluster)["gpu6"]["pci_address"]
+    device = _dra_name(pci)
+    claimed = ClaimedPod(cluster, "dra-gpu6", pci, "sleep 3600")
+    try:
+        claimed.wait_running()
+        assert claimed.cdi_file.exists()
+        assert device in _device_names(cluster)
+        before = _generation(cluster)
+
+        cluster.sandbox_cli("fault", "unplug", node, "gpu6")
+        t0 = time.monotonic()
+        wait_until(f"{device} to leave the node's ResourceSlice", lambda: (
+            device not in _device_names(cluster)), 5, describe=_diagnose(cluster))
+        latency = time.monotonic() - t0
+        assert _generation(cluster) > before
+        print(f"ResourceSlice updated {latency:.2f}s after `sandbox fault unplug` returned")
+        assert len([n for n in _device_names(cluster) if n.startswith("gpu-")]) == 7
+        # The pod keeps running (nothing evicts it: the device simply left the pool) ...
+        assert phase(cluster, claimed.name) == "Running"
+        # ... and once it is deleted the kubelet's unprepare cleans up for a device gone.
+        claimed.delete_pod()
+        wait_until("NodeUnprepareResources for the unplugged GPU's claim",
+                   lambda: not claimed.cdi_file.exists(), 90, describe=_diagnose(cluster))
+        assert _checkpoint(cluster) == {}
+
+        generation = _generation(cluster)
+        cluster.sandbox_cli("fault", "plug", node, "gpu6")
+        wait_until(f"{device} back in the ResourceSlice",
+                   lambda: device in _device_names(cluster), 5, describe=_diagnose(cluster))
+        assert _generation(cluster) > generation
+    finally:
+        claimed.delete()
+        cluster.sandbox_cli("fault", "plug", node, "gpu6")  # idempotent
