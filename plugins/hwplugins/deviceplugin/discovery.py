@@ -27,6 +27,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hwplugins.sysfs import PciFunction, SysRoot, aer_fatal_count, numa_node, read, read_int
+
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
@@ -101,85 +103,12 @@ class Device:
         return self.health == HEALTHY
 
 
-class _Root:
-    """Path helpers that keep every read inside the given root."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.sys = root / "sys"
-        self.dev = root / "dev"
-
-    def dev_exists(self, node: str) -> bool:
-        # lexists: a node may be a char device, a placeholder file or even a dangling link.
-        return os.path.lexists(self.dev / node.removeprefix("/dev/"))
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
-        return None
-
-
-def _read_int(path: Path, base: int = 10) -> int | None:
-    text = _read(path)
-    if text is None:
-        return None
-    try:
-        return int(text, base)
-    except ValueError:
-        return None
-
-
-def aer_fatal_count(pci_dir: Path) -> int:
-    """TOTAL_ERR_FATAL from ``aer_dev_fatal`` (0 when the file is absent or unparsable)."""
-    text = _read(pci_dir / "aer_dev_fatal") or ""
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == "TOTAL_ERR_FATAL" and parts[1].isdigit():
-            return int(parts[1])
-    return 0
-
-
-def _numa_node(pci_dir: Path) -> int | None:
-    node = _read_int(pci_dir / "numa_node")
-    return node if node is not None and node >= 0 else None
-
-
-@dataclass(frozen=True)
-class _Pci:
-    address: str
-    path: Path
-    vendor: int
-    pci_class: int
-    has_physfn: bool
-
-
-def _pci_devices(r: _Root) -> list[_Pci]:
-    base = r.sys / "bus" / "pci" / "devices"
-    try:
-        names = sorted(os.listdir(base))
-    except OSError:
-        return []
-    found = []
-    for name in names:
-        path = base / name
-        if not path.is_dir():  # dangling link: the device left the bus
-            continue
-        vendor = _read_int(path / "vendor", 16)
-        pci_class = _read_int(path / "class", 16)
-        if vendor is None or pci_class is None:
-            continue
-        found.append(_Pci(name, path, vendor, pci_class, os.path.lexists(path / "physfn")))
-    return found
-
-
 def _health(reasons: Iterable[str]) -> tuple[str, str]:
     why = [r for r in reasons if r]
     return (UNHEALTHY, "; ".join(why)) if why else (HEALTHY, "")
 
 
-def _aer_reason(pci: _Pci) -> str:
+def _aer_reason(pci: PciFunction) -> str:
     n = aer_fatal_count(pci.path)
     return f"aer_dev_fatal TOTAL_ERR_FATAL {n}" if n > 0 else ""
 
@@ -188,10 +117,10 @@ _MINOR = re.compile(r"^Device Minor:\s*(\d+)\s*$", re.M)
 _UUID = re.compile(r"^GPU UUID:\s*(\S+)\s*$", re.M)
 
 
-def _nvidia(r: _Root, pcis: Sequence[_Pci], resource: str) -> list[Device]:
+def _nvidia(r: SysRoot, pcis: Sequence[PciFunction], resource: str) -> list[Device]:
     devices = []
     for order, pci in enumerate(pcis):
-        info = _read(r.root / "proc" / "driver" / "nvidia" / "gpus" / pci.address / "information")
+        info = read(r.root / "proc" / "driver" / "nvidia" / "gpus" / pci.address / "information")
         minor_m = _MINOR.search(info or "")
         uuid_m = _UUID.search(info or "")
         minor = int(minor_m.group(1)) if minor_m else order
@@ -211,7 +140,7 @@ def _nvidia(r: _Root, pcis: Sequence[_Pci], resource: str) -> list[Device]:
                 resource=resource,
                 kind="nvidia-gpu",
                 pci_address=pci.address,
-                numa_node=_numa_node(pci.path),
+                numa_node=numa_node(pci.path),
                 health=health,
                 reason=reason,
                 dev_nodes=(primary, *shared),
@@ -222,7 +151,7 @@ def _nvidia(r: _Root, pcis: Sequence[_Pci], resource: str) -> list[Device]:
     return devices
 
 
-def _drm_nodes(pci: _Pci) -> tuple[str | None, str | None]:
+def _drm_nodes(pci: PciFunction) -> tuple[str | None, str | None]:
     try:
         names = sorted(os.listdir(pci.path / "drm"))
     except OSError:
@@ -232,7 +161,7 @@ def _drm_nodes(pci: _Pci) -> tuple[str | None, str | None]:
     return card, render
 
 
-def _drm_gpu(r: _Root, pci: _Pci, kind: str, resource: str, dev_id: str) -> Device | None:
+def _drm_gpu(r: SysRoot, pci: PciFunction, kind: str, resource: str, dev_id: str) -> Device | None:
     card, render = _drm_nodes(pci)
     if card is None:
         return None  # no DRM driver bound: nothing a container could open
@@ -249,7 +178,7 @@ def _drm_gpu(r: _Root, pci: _Pci, kind: str, resource: str, dev_id: str) -> Devi
         resource=resource,
         kind=kind,
         pci_address=pci.address,
-        numa_node=_numa_node(pci.path),
+        numa_node=numa_node(pci.path),
         health=health,
         reason=reason,
         dev_nodes=tuple(nodes),
@@ -258,14 +187,14 @@ def _drm_gpu(r: _Root, pci: _Pci, kind: str, resource: str, dev_id: str) -> Devi
     )
 
 
-def _net_reasons(pci: _Pci) -> list[str]:
+def _net_reasons(pci: PciFunction) -> list[str]:
     reasons = []
     try:
         ifaces = sorted(os.listdir(pci.path / "net"))
     except OSError:
         ifaces = []
     for iface in ifaces:
-        state = _read(pci.path / "net" / iface / "operstate")
+        state = read(pci.path / "net" / iface / "operstate")
         if state is not None and state != "up":
             reasons.append(f"{iface} operstate {state}")
     try:
@@ -279,13 +208,13 @@ def _net_reasons(pci: _Pci) -> list[str]:
         except OSError:
             continue
         for port in port_names:
-            state = _read(ports / port / "state")
+            state = read(ports / port / "state")
             if state is not None and "ACTIVE" not in state.upper():
                 reasons.append(f"{ibdev} port {port} state {state}")
     return reasons
 
 
-def _sriov_vf(r: _Root, pci: _Pci, resource: str) -> Device:
+def _sriov_vf(r: SysRoot, pci: PciFunction, resource: str) -> Device:
     nodes = []
     try:
         verbs = sorted(os.listdir(pci.path / "infiniband_verbs"))
@@ -309,7 +238,7 @@ def _sriov_vf(r: _Root, pci: _Pci, resource: str) -> Device:
         resource=resource,
         kind="sriov-vf",
         pci_address=pci.address,
-        numa_node=_numa_node(pci.path),
+        numa_node=numa_node(pci.path),
         health=health,
         reason=reason,
         dev_nodes=tuple(nodes),
@@ -318,7 +247,7 @@ def _sriov_vf(r: _Root, pci: _Pci, resource: str) -> Device:
     )
 
 
-def _fpga_ports(r: _Root, pci: _Pci, resource: str) -> list[Device]:
+def _fpga_ports(r: SysRoot, pci: PciFunction, resource: str) -> list[Device]:
     ports = sorted(
         {
             p.name: p
@@ -338,7 +267,7 @@ def _fpga_ports(r: _Root, pci: _Pci, resource: str) -> list[Device]:
                 resource=resource,
                 kind="fpga-port",
                 pci_address=pci.address,
-                numa_node=_numa_node(pci.path),
+                numa_node=numa_node(pci.path),
                 health=health,
                 reason=reason,
                 dev_nodes=(node,),
@@ -348,14 +277,14 @@ def _fpga_ports(r: _Root, pci: _Pci, resource: str) -> list[Device]:
     return devices
 
 
-def _generic(pci: _Pci, resource: str) -> Device:
+def _generic(pci: PciFunction, resource: str) -> Device:
     health, reason = _health([_aer_reason(pci)])
     return Device(
         id=pci.address,
         resource=resource,
         kind="generic",
         pci_address=pci.address,
-        numa_node=_numa_node(pci.path),
+        numa_node=numa_node(pci.path),
         health=health,
         reason=reason,
         cdi_name=f"{CDI_KINDS['generic']}={pci.address.replace(':', '-')}",
@@ -366,21 +295,21 @@ def discover(
     root: Path | str, rules: Sequence[Rule] = DEFAULT_RULES, ignore: Iterable[str] = ()
 ) -> list[Device]:
     """Every device under ``root`` the first matching rule claims, sorted by resource, id."""
-    r = _Root(Path(root))
+    r = SysRoot(Path(root))
     skip = set(ignore)
-    claimed: dict[tuple[str, str], list[_Pci]] = {}
-    for pci in _pci_devices(r):
+    claimed: dict[tuple[str, str], list[PciFunction]] = {}
+    for pci in r.pci_functions():
         if pci.address in skip:
             continue
         for rule in rules:
-            if rule.matches(pci.vendor, pci.pci_class, pci.has_physfn):
+            if rule.matches(pci.vendor, pci.pci_class, pci.physfn):
                 driver_link = pci.path / "driver"
                 driver = (
                     os.path.basename(os.readlink(driver_link))
                     if os.path.islink(driver_link)
                     else "i915"
                 )
-                if rule.kind == "intel-gpu" and (_read_int(pci.path / "sriov_numvfs") or 0) > 0:
+                if rule.kind == "intel-gpu" and (read_int(pci.path / "sriov_numvfs") or 0) > 0:
                     break  # a PF with VFs enabled is hidden, as the Intel GPU plugin does
                 if rule.kind == "fpga-port" and not _fpga_ports(r, pci, rule.resource):
                     continue  # not a DFL card: let a later rule have it

@@ -33,6 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hwplugins.sysfs import (
+    PciFunction,
+    SysRoot,
+    aer_fatal_count,
+    listdir,
+    numa_node,
+    read,
+    read_int,
+)
+
 NO_EXECUTE = "NoExecute"
 NO_SCHEDULE = "NoSchedule"
 
@@ -90,28 +100,6 @@ def dns_label(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(errors="replace").strip()
-    except OSError:
-        return None
-
-
-def _read_int(path: Path, base: int = 10) -> int | None:
-    text = _read(path)
-    try:
-        return int(text, base) if text is not None else None
-    except ValueError:
-        return None
-
-
-def _listdir(path: Path) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
 def _link_name(path: Path) -> str:
     try:
         return os.path.basename(os.readlink(path))
@@ -119,78 +107,22 @@ def _link_name(path: Path) -> str:
         return ""
 
 
-@dataclass(frozen=True)
-class _Pci:
-    address: str
-    path: Path
-    vendor: int
-    device: int
-    pci_class: int
-    physfn: bool
-
-
-class _Root:
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.sys = root / "sys"
-        self.dev = root / "dev"
-
-    def dev_exists(self, node: str) -> bool:
-        return os.path.lexists(self.dev / node.removeprefix("/dev/"))
-
-    def pcie_root(self, address: str) -> str | None:
-        """``pci<domain>:<bus>`` of the root complex, as k8s.io/dynamic-resource-allocation's
-        deviceattribute resolves it: the first component of the bus link's target."""
-        link = Path("bus", "pci", "devices", address)
-        try:
-            target = os.readlink(self.sys / link)
-        except OSError:
-            return None
-        parts = os.path.normpath(os.path.join(str(link.parent), target)).split(os.sep)
-        if len(parts) < 3 or parts[0] != "devices" or not parts[1].startswith("pci"):
-            return None
-        return parts[1]
-
-    def pci_devices(self) -> list[_Pci]:
-        base = self.sys / "bus" / "pci" / "devices"
-        found = []
-        for name in _listdir(base):
-            path = base / name
-            if not path.is_dir():  # dangling link: the device left the bus
-                continue
-            vendor = _read_int(path / "vendor", 16)
-            device = _read_int(path / "device", 16)
-            pci_class = _read_int(path / "class", 16)
-            if vendor is None or device is None or pci_class is None:
-                continue
-            found.append(_Pci(name, path, vendor, device, pci_class,
-                              os.path.lexists(path / "physfn")))  # fmt: skip
-        return found
-
-
-def _numa(pci: _Pci) -> int | None:
-    node = _read_int(pci.path / "numa_node")
-    return node if node is not None and node >= 0 else None
-
-
-def _aer(pci: _Pci) -> list[Problem]:
-    for line in (_read(pci.path / "aer_dev_fatal") or "").splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == "TOTAL_ERR_FATAL" and parts[1].isdigit():
-            if int(parts[1]) > 0:
-                return [Problem("aer-fatal", NO_EXECUTE, f"aer_dev_fatal {line}")]
+def _aer(pci: PciFunction) -> list[Problem]:
+    n = aer_fatal_count(pci.path)
+    if n > 0:
+        return [Problem("aer-fatal", NO_EXECUTE, f"aer_dev_fatal TOTAL_ERR_FATAL {n}")]
     return []
 
 
-def _missing(r: _Root, node: str | None) -> list[Problem]:
+def _missing(r: SysRoot, node: str | None) -> list[Problem]:
     if node is None or r.dev_exists(node):
         return []
     return [Problem("dev-missing", NO_EXECUTE, f"{node} missing")]
 
 
-def _make(r: _Root, pci: _Pci, kind: str, name: str, **fields: Any) -> Device:
+def _make(r: SysRoot, pci: PciFunction, kind: str, name: str, **fields: Any) -> Device:
     return Device(name=name, kind=kind, pci_address=pci.address, vendor_id=pci.vendor,
-                  device_id=pci.device, numa_node=_numa(pci),
+                  device_id=pci.device, numa_node=numa_node(pci.path),
                   pcie_root=r.pcie_root(pci.address), **fields)  # fmt: skip
 
 
@@ -201,10 +133,10 @@ def _bdf(address: str) -> str:
 _INFO = re.compile(r"^([A-Za-z ]+):\s*(.*?)\s*$", re.M)
 
 
-def _gpu(r: _Root, pci: _Pci) -> Device:
+def _gpu(r: SysRoot, pci: PciFunction) -> Device:
     name = f"gpu-{_bdf(pci.address)}"
     if pci.vendor == 0x10DE:
-        text = _read(r.root / "proc/driver/nvidia/gpus" / pci.address / "information") or ""
+        text = read(r.root / "proc/driver/nvidia/gpus" / pci.address / "information") or ""
         info = {k.strip(): v for k, v in _INFO.findall(text)}
         minor = info.get("Device Minor", "")
         primary = f"/dev/nvidia{minor}" if minor.isdigit() else None
@@ -220,7 +152,7 @@ def _gpu(r: _Root, pci: _Pci) -> Device:
             attributes=(("minor", int(minor)),) if minor.isdigit() else (),
             problems=tuple(_aer(pci) + _missing(r, primary)),
         )
-    drm = _listdir(pci.path / "drm")
+    drm = listdir(pci.path / "drm")
     card = next((n for n in drm if re.fullmatch(r"card\d+", n)), None)
     render = next((n for n in drm if re.fullmatch(r"renderD\d+", n)), None)
     nodes = [f"/dev/dri/{n}" for n in (card, render) if n]
@@ -229,9 +161,9 @@ def _gpu(r: _Root, pci: _Pci) -> Device:
     env_var = "AMD_VISIBLE_DEVICES" if pci.vendor == 0x1002 else "HWSANDBOX_DRI_DEVICES"
     return _make(
         r, pci, "gpu", name,
-        model=_read(pci.path / "product_name") or "",
-        uuid=_read(pci.path / "unique_id") or "",
-        memory=_read_int(pci.path / "mem_info_vram_total"),
+        model=read(pci.path / "product_name") or "",
+        uuid=read(pci.path / "unique_id") or "",
+        memory=read_int(pci.path / "mem_info_vram_total"),
         dev_nodes=tuple(nodes),
         env=((env_var, pci.address),),
         attributes=(("driver", _link_name(pci.path / "driver")),),
@@ -239,31 +171,31 @@ def _gpu(r: _Root, pci: _Pci) -> Device:
     )
 
 
-def _net(r: _Root, pci: _Pci, kind: str) -> Device:
-    ifaces = _listdir(pci.path / "net")
+def _net(r: SysRoot, pci: PciFunction, kind: str) -> Device:
+    ifaces = listdir(pci.path / "net")
     problems = _aer(pci)
     speeds = []
     for iface in ifaces:
-        state = _read(pci.path / "net" / iface / "operstate")
+        state = read(pci.path / "net" / iface / "operstate")
         if state is not None and state != "up":
             problems.append(Problem("link-down", NO_SCHEDULE, f"{iface} operstate {state}"))
-        speed = _read_int(pci.path / "net" / iface / "speed")
+        speed = read_int(pci.path / "net" / iface / "speed")
         if speed is not None and speed > 0:
             speeds.append(speed * 1_000_000)
-    ibdevs = _listdir(pci.path / "infiniband")
+    ibdevs = listdir(pci.path / "infiniband")
     for ibdev in ibdevs:
         ports = pci.path / "infiniband" / ibdev / "ports"
-        for port in _listdir(ports):
-            state = _read(ports / port / "state") or ""
+        for port in listdir(ports):
+            state = read(ports / port / "state") or ""
             if "ACTIVE" not in state.upper():
                 problems.append(
                     Problem("port-down", NO_SCHEDULE, f"{ibdev} port {port} state {state}")
                 )
-            rate = re.match(r"(\d+) Gb/sec", _read(ports / port / "rate") or "")
+            rate = re.match(r"(\d+) Gb/sec", read(ports / port / "rate") or "")
             if rate and not ifaces:
                 speeds.append(int(rate.group(1)) * 1_000_000_000)
-    nodes = [f"/dev/infiniband/{v}" for v in _listdir(pci.path / "infiniband_verbs")]
-    nodes += [f"/dev/infiniband/{m}" for m in _listdir(pci.path / "infiniband_mad")]
+    nodes = [f"/dev/infiniband/{v}" for v in listdir(pci.path / "infiniband_verbs")]
+    nodes += [f"/dev/infiniband/{m}" for m in listdir(pci.path / "infiniband_mad")]
     if nodes and r.dev_exists("infiniband/rdma_cm"):
         nodes.append("/dev/infiniband/rdma_cm")
     driver = _link_name(pci.path / "driver")
@@ -275,13 +207,13 @@ def _net(r: _Root, pci: _Pci, kind: str) -> Device:
         attrs.append(("interface", ifaces[0]))
     if ibdevs:
         attrs.append(("rdmaDevice", ibdevs[0]))
-        layer = _read(pci.path / "infiniband" / ibdevs[0] / "ports" / "1" / "link_layer")
+        layer = read(pci.path / "infiniband" / ibdevs[0] / "ports" / "1" / "link_layer")
         attrs.append(("linkLayer", (layer or "Ethernet").lower()))
     if kind == "vf":
         parent = _link_name(pci.path / "physfn")
         attrs.append(("physfn", parent))
     else:
-        attrs.append(("sriovTotalVFs", _read_int(pci.path / "sriov_totalvfs") or 0))
+        attrs.append(("sriovTotalVFs", read_int(pci.path / "sriov_totalvfs") or 0))
     prefix = "nic" if kind == "nic" else "vf"
     return _make(
         r, pci, kind, f"{prefix}-{_bdf(pci.address)}",
@@ -294,13 +226,13 @@ def _net(r: _Root, pci: _Pci, kind: str) -> Device:
     )
 
 
-def _dfl_ports(pci: _Pci) -> list[Path]:
+def _dfl_ports(pci: PciFunction) -> list[Path]:
     found = {p.name: p for pattern in ("dfl-port.*", "*/dfl-port.*", "*/*/dfl-port.*")
              for p in pci.path.glob(pattern)}  # fmt: skip
     return [found[k] for k in sorted(found)]
 
 
-def _fpgas(r: _Root, pci: _Pci) -> list[Device]:
+def _fpgas(r: SysRoot, pci: PciFunction) -> list[Device]:
     ports = _dfl_ports(pci)
     if not ports:
         return [_make(r, pci, "fpga", f"fpga-{_bdf(pci.address)}",
@@ -309,7 +241,7 @@ def _fpgas(r: _Root, pci: _Pci) -> list[Device]:
     devices = []
     for port in ports:
         node = f"/dev/{port.name}"
-        afu = _read(port / "afu_id") or ""
+        afu = read(port / "afu_id") or ""
         devices.append(_make(
             r, pci, "fpga", f"fpga-{dns_label(port.name)}",
             dev_nodes=(node,),
@@ -323,10 +255,10 @@ def _fpgas(r: _Root, pci: _Pci) -> list[Device]:
 
 def discover(root: Path | str, ignore: Sequence[str] = ()) -> list[Device]:
     """Every GPU, NIC and FPGA below ``root``, sorted by name."""
-    r = _Root(Path(root))
+    r = SysRoot(Path(root))
     skip = set(ignore)
     devices: list[Device] = []
-    for pci in r.pci_devices():
+    for pci in r.pci_functions():
         if pci.address in skip:
             continue
         top = pci.pci_class >> 16
