@@ -161,25 +161,41 @@ def start_node(profile_path: str, node: str, root: Path, *, index: int | None = 
     return Starting(node, proc, log_file)
 
 
-def wait_node(starting: Starting, timeout: float = 20.0) -> int:
-    """Until the server says ``ready SOCKET PID``; returns its pid. MountError otherwise."""
-    proc = starting.proc
+def first_line(proc: subprocess.Popen[bytes], timeout: float, *,
+               stop_when_exited: bool = True) -> bytes:
+    """The first line ``proc`` writes to its stdout pipe (b"" if none within ``timeout``);
+    the pipe is closed afterwards. ``stop_when_exited=False`` for ``setsid -f``, whose
+    own process exits at once while the detached child still holds the pipe."""
     assert proc.stdout is not None
     os.set_blocking(proc.stdout.fileno(), False)
     line = b""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and b"\n" not in line:
         line += proc.stdout.read() or b""
-        if b"\n" not in line:
-            time.sleep(0.01)
+        if b"\n" in line or (stop_when_exited and proc.poll() is not None):
+            break
+        time.sleep(0.01)
     proc.stdout.close()
-    proc.wait()  # setsid -f returns at once; the server lives on, detached
+    return line
+
+
+def log_tail(log_file: Path, lines: int = 5) -> str:
+    """The last lines of a log, joined for a one-line error message."""
+    try:
+        text = log_file.read_text(errors="replace")
+    except OSError:
+        return "no output"
+    return " | ".join(text.strip().splitlines()[-lines:]) or "no output"
+
+
+def wait_node(starting: Starting, timeout: float = 20.0) -> int:
+    """Until the server says ``ready SOCKET PID``; returns its pid. MountError otherwise."""
+    line = first_line(starting.proc, timeout, stop_when_exited=False)
+    starting.proc.wait()  # setsid -f returns at once; the server lives on, detached
     fields = line.split()
     if len(fields) != 3 or fields[0] != b"ready" or not fields[2].isdigit():
-        tail = " | ".join(
-            starting.log_file.read_text(errors="replace").strip().splitlines()[-5:])
         raise MountError(f"node {starting.node}: the FUSE server did not come up: "
-                         f"{tail or 'no output'}")
+                         f"{log_tail(starting.log_file)}")
     return int(fields[2])
 
 

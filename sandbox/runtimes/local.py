@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandbox.agent import start_node, unmount, wait_node
+from sandbox.agent import first_line, log_tail, start_node, unmount, wait_node
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.fakehw.control import ControlClient
 from sandbox.profile.resolve import Cluster, NodeSpec
@@ -52,19 +52,10 @@ def _start(argv: list[str], log: Path, ready_line: bool) -> subprocess.Popen[byt
 def _wait_ready(proc: subprocess.Popen[bytes], log: Path, what: str,
                 timeout: float = READY_TIMEOUT) -> int:
     """Until the process prints its ``ready`` line; its pid. Kills it on failure."""
-    assert proc.stdout is not None
-    os.set_blocking(proc.stdout.fileno(), False)
-    buf = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and b"\n" not in buf and proc.poll() is None:
-        buf += proc.stdout.read() or b""
-        time.sleep(0.01)
-    proc.stdout.close()
-    if not buf.startswith(b"ready"):
+    if not first_line(proc, timeout).startswith(b"ready"):
         if proc.poll() is None:
             proc.kill()
-        tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-5:])
-        raise SandboxError(f"{what} did not come up: {tail or 'no output'}")
+        raise SandboxError(f"{what} did not come up: {log_tail(log)}")
     return proc.pid
 
 
@@ -194,10 +185,9 @@ class LocalRuntime:
                 progress(f"{node.name}: kubelet sees {seen} device(s)")
                 return
             time.sleep(0.05)
-        tail = " | ".join((d / "plugin.log").read_text(errors="replace").splitlines()[-5:])
         raise RuntimeBackendError(
             f"plugin {node.name}", f"only {seen} device(s) advertised after {READY_TIMEOUT:.0f}s;"
-            f" plugin log: {tail}")
+            f" plugin log: {log_tail(d / 'plugin.log')}")
 
     def down(self, state_dir: Path, progress: Progress) -> None:
         record = read_record(state_dir) or {}
