@@ -24,6 +24,7 @@ from sandbox.agent import first_line, log_tail, start_node, unmount, wait_node
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.fakehw.control import ControlClient
 from sandbox.profile.resolve import Cluster, NodeSpec
+from sandbox.runtimes._procs import alive, stop_pids
 from sandbox.runtimes.base import (
     DeviceStatus,
     NodeStatus,
@@ -57,39 +58,6 @@ def _wait_ready(proc: subprocess.Popen[bytes], log: Path, what: str,
             proc.kill()
         raise SandboxError(f"{what} did not come up: {log_tail(log)}")
     return proc.pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child of ours still answers kill(0); reap it if it is ours.
-    with contextlib.suppress(ChildProcessError):
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done == pid:
-            return False
-    return True
-
-
-def stop_pids(pids: list[int], timeout: float = 5.0) -> None:
-    """SIGTERM all at once, SIGKILL what is left after ``timeout``; waits until all are gone."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        pids = [p for p in pids if _alive(p)]
-        if not pids:
-            return
-        time.sleep(0.02)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    while any(_alive(p) for p in pids):
-        time.sleep(0.02)
 
 
 class LocalRuntime:
@@ -193,7 +161,8 @@ class LocalRuntime:
         record = read_record(state_dir) or {}
         problems: list[str] = []
         nodes = record.get("nodes", {})
-        stop_pids([int(pid) for info in nodes.values() for pid in info.get("pids", {}).values()])
+        stop_pids([int(pid) for info in nodes.values() for pid in info.get("pids", {}).values()],
+                  timeout=5.0, until_reaped=True)
         for name, info in nodes.items():
             root = Path(info.get("root", node_dir(state_dir, name) / "root"))
             try:
@@ -234,7 +203,7 @@ class LocalRuntime:
                     res_name, int(res.get("capacity", 0)), int(res.get("allocatable", 0)),
                     {int(k): int(v) for k, v in res.get("by_numa", {}).items() if k != "null"}))
             for what, pid in info.get("pids", {}).items():
-                if not _alive(int(pid)):
+                if not alive(int(pid), zombie=True):
                     node.ready = False
                     node.notes.append(f"{what} process {pid} is not running")
             out.nodes.append(node)

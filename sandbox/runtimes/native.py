@@ -36,7 +36,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -54,6 +53,7 @@ import yaml
 from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
 from sandbox.profile.resolve import Cluster, NodeSpec
 from sandbox.runtimes import _images
+from sandbox.runtimes._procs import proc_start_time, stop_pids
 from sandbox.runtimes.base import (
     NodeStatus,
     Progress,
@@ -164,16 +164,6 @@ class Layout:
 # -- processes ---------------------------------------------------------------------------
 
 
-def _proc_start_time(pid: int) -> str | None:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
-    if fields[0] == "Z":
-        return None
-    return fields[19]  # starttime: field 22 of stat, 20th after the comm
-
-
 def _read_pid(layout: Layout, name: str) -> int | None:
     """The pid recorded for ``name`` if that very process (not a reused pid) still runs."""
     try:
@@ -181,7 +171,7 @@ def _read_pid(layout: Layout, name: str) -> int | None:
     except (FileNotFoundError, ValueError):
         return None
     pid = int(pid_s)
-    return pid if _proc_start_time(pid) == started else None
+    return pid if proc_start_time(pid) == started else None
 
 
 def _spawn(layout: Layout, name: str, argv: Sequence[str]) -> int:
@@ -203,7 +193,7 @@ def _spawn(layout: Layout, name: str, argv: Sequence[str]) -> int:
     if proc.returncode != 0 or not proc.stdout.strip().isdigit():
         raise CommandError(argv, proc.returncode, proc.stdout + proc.stderr)
     pid = int(proc.stdout.strip())
-    started = _proc_start_time(pid)
+    started = proc_start_time(pid)
     if started is None:
         raise RuntimeBackendError(f"start {name}", f"exited at once:\n{_log_tail(layout, name)}")
     (layout.run / f"{name}.pid").write_text(f"{pid} {started}\n")
@@ -211,26 +201,10 @@ def _spawn(layout: Layout, name: str, argv: Sequence[str]) -> int:
     return pid
 
 
-def _wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        if _proc_start_time(pid) is None:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def _kill(pid: int, timeout: float = 15.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``; returns once the process is gone."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            return
-        if _wait_gone(pid, wait):
-            return
+    """SIGTERM, then SIGKILL after ``timeout``; returns once the process is gone (or 5 s
+    after SIGKILL)."""
+    stop_pids([pid], timeout, kill_timeout=5.0, poll=0.1)
 
 
 def _stop(layout: Layout, name: str, timeout: float = 15.0) -> None:
@@ -519,7 +493,7 @@ def _with_node_dev(layout: Layout) -> list[str]:
 
 def _adopt(layout: Layout, name: str, pid: int) -> None:
     """Record a process started elsewhere (detached) so ``down`` stops it like ours."""
-    started = _proc_start_time(pid)
+    started = proc_start_time(pid)
     if started is None:
         raise RuntimeBackendError(f"start {name}", f"pid {pid} is not running")
     layout.run.mkdir(parents=True, exist_ok=True)

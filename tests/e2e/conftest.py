@@ -32,12 +32,12 @@ import pytest
 
 from sandbox.profile.loader import load_profile
 from sandbox.profile.resolve import NodeSpec
+from sandbox.runtimes._procs import proc_start_time
 from sandbox.runtimes.native import (
     BUSYBOX_REF,
     Layout,
     NativeRuntime,
     _mounts_below,
-    _proc_start_time,
     _shim_pids,
     kubelet_root,
 )
@@ -94,7 +94,7 @@ class Footprint:
 
     def leftovers(self) -> list[str]:
         found = [f"process {pid} still runs" for pid, started in self.processes.items()
-                 if _proc_start_time(pid) == started]  # fmt: skip
+                 if proc_start_time(pid) == started]  # fmt: skip
         layout = Layout(self.state_dir)
         found += [f"mount {m}" for m in _mounts_below(self.state_dir)]
         found += [f"mount {m}" for m in _mounts_below(kubelet_root() / "pods")]
@@ -114,7 +114,7 @@ def footprint(cluster: NativeCluster) -> Footprint:
     pids += _shim_pids(layout.containerd_sock)
     rows = cluster.ctr("tasks", "ls").splitlines()[1:]
     pids += [int(row.split()[1]) for row in rows]  # TASK PID STATUS
-    processes = {pid: started for pid in pids if (started := _proc_start_time(pid))}
+    processes = {pid: started for pid in pids if (started := proc_start_time(pid))}
     return Footprint(processes=processes, tasks=rows, state_dir=cluster.state_dir)
 
 
