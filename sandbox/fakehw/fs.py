@@ -50,8 +50,9 @@ _INVALIDATE_IGNORED = (errno.ENOENT, errno.ENOTDIR)
 
 
 class _Operations(pyfuse3.Operations):  # type: ignore[misc]
-    """Request handlers. They only raise pyfuse3.FUSEError and never await, so each one
-    sees exactly one snapshot of the tree."""
+    """Request handlers. They only raise pyfuse3.FUSEError and take what they serve from
+    one snapshot of the tree; only ``open`` awaits (its page-cache store, after taking
+    the entry, re-invalidated if the tree changed meanwhile)."""
 
     enable_writeback_cache = False
 
@@ -187,14 +188,16 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         if flags & os.O_ACCMODE != os.O_RDONLY:
             raise pyfuse3.FUSEError(errno.EROFS)
         if inode not in self._stored and entry.data:
-            # Fill the page cache now: the read that follows costs no round trip. Safe in
-            # a handler (it never waits on other requests); a store racing a swap is
-            # dropped by the invalidation that follows the swap.
-            try:
-                pyfuse3.notify_store(inode, 0, entry.data)
-            except OSError:
-                pass  # only an optimisation: read() serves whatever is missing
-            else:
+            # Fill the page cache (and i_size) before the reply: the read that follows
+            # costs no round trip and never sees a stale size. The store runs in a worker
+            # thread: it can wait on a page another reader has locked while that reader's
+            # READ waits for this loop, so doing it here deadlocked (seen in CI). If the
+            # tree changed meanwhile, the store may hold old bytes: drop them again.
+            version = self.live.snapshot.version
+            stored = await trio.to_thread.run_sync(_store, inode, entry.data)
+            if self.live.snapshot.version != version:
+                await trio.to_thread.run_sync(_notify_kernel, [(inode, None)])
+            elif stored:
                 self._stored.add(inode)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
@@ -254,6 +257,14 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         if ops:
             self.invalidations += len(ops)
             await trio.to_thread.run_sync(_notify_kernel, ops)
+
+
+def _store(inode: int, data: bytes) -> bool:
+    try:
+        pyfuse3.notify_store(inode, 0, data)
+    except OSError:
+        return False  # only an optimisation: read() serves whatever is missing
+    return True
 
 
 def _notify_kernel(ops: Sequence[tuple[int, bytes | None]]) -> None:
