@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError
-from sandbox.runtimes.base import default_state_root, read_record
+from sandbox.runtimes.base import check_name, default_state_root, read_record
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ def list_sessions(root: Path | None = None) -> list[Session]:
 
 
 def find_session(name: str | None, root: Path | None = None) -> Session:
+    if name is not None:
+        check_name(name)
     sessions = list_sessions(root)
     if name is not None:
         for s in sessions:

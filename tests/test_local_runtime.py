@@ -139,14 +139,56 @@ def test_up_refuses_a_second_sandbox_of_the_same_name(state_root: Path) -> None:
 def test_failed_up_cleans_up_and_names_the_step(state_root: Path) -> None:
     require_fuse()
     # A node name that resolves but whose mount point is refused: the mount step fails.
+    # (What a crashed earlier `up` leaves: a marked state dir without a record.)
+    (state_root / "8gpu-2numa").mkdir()
+    (state_root / "8gpu-2numa" / ".hw-sandbox-state").write_text("")
     blocker = state_root / "8gpu-2numa" / "nodes" / "gpu-worker" / "root"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("not a directory")
+    # A symlink inside the state dir to files it does not own: clean-up must not follow it.
+    outside = state_root.parent / f"{state_root.name}-outside"
+    outside.mkdir()
+    (outside / "precious").write_text("keep me")
+    (state_root / "8gpu-2numa" / "nodes" / "link").symlink_to(outside)
     up = sandbox(state_root, "up", "profiles/8gpu-2numa.yaml")
     assert up.returncode == 1
     assert "error: sandbox up failed at step 'mount gpu-worker'" in up.stderr
     assert "Traceback" not in up.stderr
     assert not (state_root / "8gpu-2numa" / "sandbox.json").exists()
+    assert not (state_root / "8gpu-2numa").exists()
+    assert (outside / "precious").read_text() == "keep me"
+    shutil.rmtree(outside)
+
+
+@pytest.mark.parametrize("name", ["..", ".", "../x", "a/b", "A", "-a", "a" * 64, "", "a\nb"])
+def test_up_refuses_a_bad_sandbox_name_before_creating_anything(
+        state_root: Path, name: str) -> None:
+    # A state root one level down, so `..` would be state_root itself, with a file in it.
+    inner = state_root / "run"
+    (state_root / "precious").write_text("keep me")
+    env_root = inner
+    up = sandbox(env_root, "up", "profiles/8gpu-2numa.yaml", "--runtime", "local",
+                 f"--name={name}")
+    assert up.returncode == 1, up.stderr
+    assert f"error: invalid sandbox name {name!r}" in up.stderr
+    assert not inner.exists()
+    assert (state_root / "precious").read_text() == "keep me"
+    for verb in (["down"], ["status"]):
+        result = sandbox(env_root, *verb, f"--name={name}")
+        assert result.returncode == 1
+        assert "invalid sandbox name" in result.stderr
+
+
+def test_down_never_removes_a_directory_up_did_not_make(state_root: Path) -> None:
+    # A record someone else wrote, in a directory without our marker.
+    victim = state_root / "victim"
+    victim.mkdir()
+    (victim / "sandbox.json").write_text('{"runtime": "local", "nodes": {}}')
+    (victim / "data").write_text("keep me")
+    down = sandbox(state_root, "down", "--name", "victim")
+    assert down.returncode == 1
+    assert "no .hw-sandbox-state marker" in down.stderr
+    assert (victim / "data").read_text() == "keep me"
 
 
 def test_status_without_a_sandbox_is_a_clear_error(state_root: Path) -> None:

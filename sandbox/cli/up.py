@@ -10,7 +10,13 @@ import time
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile import load_profile
 from sandbox.runtimes import RUNTIMES, choose_runtime, runtime_for
-from sandbox.runtimes.base import default_state_root, read_record
+from sandbox.runtimes.base import (
+    STATE_MARKER,
+    check_name,
+    default_state_root,
+    read_record,
+    state_dir_for,
+)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +39,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.name is not None:
+        check_name(args.name)  # before anything is loaded, started or created
     loaded = load_profile(args.profile)
     name = args.name or loaded.cluster.name
     if args.runtime == "auto":
@@ -44,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             raise SandboxError(f"runtime {args.runtime} cannot run here: {reason}")
         print(f"runtime: {runtime.name}", file=sys.stderr)
-    state_dir = default_state_root() / name
+    state_dir = state_dir_for(name)
     if read_record(state_dir) is not None:
         raise SandboxError(f"a sandbox named {name!r} already exists ({state_dir}); "
                            f"run `sandbox down --name {name}` first or pick --name")
@@ -59,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
         if args.retain:
             print(f"keeping {state_dir} (--retain); clean up with `sandbox down --name {name}`",
                   file=sys.stderr)
+        elif not (state_dir / STATE_MARKER).is_file():
+            pass  # nothing of ours was created there: nothing to undo, nothing to remove
         else:
             progress("failed; cleaning up")
             try:

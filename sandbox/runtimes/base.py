@@ -8,24 +8,49 @@ verbs only pick one and call it.
 
 State of one sandbox lives under ``state_dir`` (default ``/run/hw-sandbox/<name>``):
 ``sandbox.json`` (runtime, profile path, nodes) plus whatever the backend keeps there.
+Names are DNS labels (``check_name``), so a state dir is always a direct child of the state
+root; ``write_record`` creates it with a ``.hw-sandbox-state`` marker, and
+``remove_state_dir`` removes only a marked directory, never following symlinks and never
+crossing into a mount.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import stat
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from sandbox.errors import SandboxError
 from sandbox.profile.resolve import Cluster
 
 Progress = Callable[[str], None]
 
+STATE_MARKER = ".hw-sandbox-state"
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
 
 def default_state_root() -> Path:
     return Path(os.environ.get("HWSANDBOX_STATE_DIR", "/run/hw-sandbox"))
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a valid sandbox name (a DNS label), else SandboxError."""
+    if not _NAME.fullmatch(name):
+        raise SandboxError(
+            f"invalid sandbox name {name!r}: use a DNS label (lowercase letters, digits and "
+            "'-', starting and ending alphanumeric, at most 63 characters)")
+    return name
+
+
+def state_dir_for(name: str, root: Path | None = None) -> Path:
+    """The state directory of sandbox ``name``: always a direct child of the state root."""
+    return (root or default_state_root()) / check_name(name)
 
 
 @dataclass
@@ -88,7 +113,19 @@ class Runtime(Protocol):
 
 
 def write_record(state_dir: Path, record: dict[str, Any]) -> None:
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Save the record; the first write creates the state dir and marks it as ours."""
+    if not (state_dir / STATE_MARKER).is_file():
+        check_name(state_dir.name)
+        state_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        try:
+            state_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            if state_dir.is_symlink() or not state_dir.is_dir() or any(state_dir.iterdir()):
+                raise SandboxError(
+                    f"{state_dir}: exists and was not made by `sandbox up`; not using it"
+                ) from None
+        (state_dir / STATE_MARKER).write_text("made by `sandbox up`; `sandbox down` removes "
+                                              "this directory\n")
     tmp = state_dir / "sandbox.json.tmp"
     tmp.write_text(json.dumps(record, indent=2) + "\n")
     tmp.replace(state_dir / "sandbox.json")
@@ -100,3 +137,50 @@ def read_record(state_dir: Path) -> dict[str, Any] | None:
     except FileNotFoundError:
         return None
     return data
+
+
+def remove_state_dir(state_dir: Path) -> None:
+    """``rm -r`` of a state dir ``write_record`` made: refuses anything unmarked, never
+    follows a symlink (every step is relative to an open directory), and refuses to
+    cross into a mount point instead of removing what a live mount holds."""
+    check_name(state_dir.name)
+    try:
+        top = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SandboxError(f"{state_dir}: not removing it: {exc.strerror}") from exc
+    try:
+        try:
+            st = os.stat(STATE_MARKER, dir_fd=top, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise SandboxError(f"{state_dir}: no {STATE_MARKER} marker; it was not made by "
+                               "`sandbox up`, so it is not removed")
+        _empty_dir(top, os.fstat(top).st_dev, str(state_dir))
+    finally:
+        os.close(top)
+    os.rmdir(state_dir)
+
+
+def _empty_dir(fd: int, dev: int, shown: str) -> None:
+    for name in os.listdir(fd):
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # ENOTCONN: a dead FUSE mount is still a mount
+            raise SandboxError(f"{shown}/{name}: {exc.strerror}; not removing it") from exc
+        if not stat.S_ISDIR(st.st_mode):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+            continue
+        if st.st_dev != dev:
+            raise SandboxError(f"{shown}/{name} is a mount point; not removing it")
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        try:
+            _empty_dir(sub, dev, f"{shown}/{name}")
+        finally:
+            os.close(sub)
+        os.rmdir(name, dir_fd=fd)

@@ -32,6 +32,7 @@ from sandbox.runtimes.base import (
     ResourceStatus,
     SandboxStatus,
     read_record,
+    remove_state_dir,
     write_record,
 )
 
@@ -176,7 +177,10 @@ class LocalRuntime:
                 unmount(root)
         if problems:
             raise RuntimeBackendError("down", "; ".join(problems))
-        _remove_tree(state_dir)
+        try:
+            remove_state_dir(state_dir)
+        except SandboxError as exc:
+            raise RuntimeBackendError("down", str(exc)) from exc
 
     def status(self, state_dir: Path) -> SandboxStatus:
         record = read_record(state_dir) or {}
@@ -236,25 +240,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
     return data
-
-
-def _remove_tree(path: Path) -> None:
-    """rm -r that never crosses into a mount (a live FUSE tree would be read-only anyway)."""
-    if not path.exists():
-        return
-    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        if child.is_mount():
-            raise RuntimeBackendError("down", f"{child} is still mounted; not removing it")
-    for dirpath, dirnames, filenames in os.walk(path, topdown=False):
-        for f in filenames:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(dirpath, f))
-        for dname in dirnames:
-            full = os.path.join(dirpath, dname)
-            if os.path.islink(full):
-                os.unlink(full)
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.rmdir(full)
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(path)

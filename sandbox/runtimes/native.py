@@ -60,6 +60,7 @@ from sandbox.runtimes.base import (
     ResourceStatus,
     SandboxStatus,
     read_record,
+    remove_state_dir,
     write_record,
 )
 
@@ -876,7 +877,9 @@ class NativeRuntime:
         progress(f"kubelet (node {node.name}, root dir {root})")
         cfg = kubelet_config(layout, node, ports, self.feature_gates)
         (layout.kubelet / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-        labels = ",".join(f"{k}={v}" for k, v in node.labels)
+        # the label the kind runtime gives each node too: bundled manifests select on it
+        labels = ",".join(f"{k}={v}" for k, v in [("hwsandbox.dev/node", node.name),
+                                                     *node.labels])
         _spawn(layout, "kubelet", [
             str(b / "kubelet"), f"--config={layout.kubelet / 'config.yaml'}",
             f"--kubeconfig={layout.state / 'kubelet.kubeconfig'}",
@@ -947,10 +950,12 @@ class NativeRuntime:
             path = Path(created)
             if path.exists() and not _mounts_below(path):
                 shutil.rmtree(path, ignore_errors=True)
-        if state_dir.exists() and not _mounts_below(state_dir):
-            shutil.rmtree(state_dir, ignore_errors=True)
-        elif state_dir.exists():
+        if state_dir.exists() and _mounts_below(state_dir):
             raise RuntimeBackendError("down", f"mounts remain below {state_dir}")
+        try:
+            remove_state_dir(state_dir)
+        except (SandboxError, OSError) as exc:
+            raise RuntimeBackendError("down", str(exc)) from exc
 
     def _remove_containers(self, layout: Layout, progress: Progress) -> list[str]:
         """Kill and delete every k8s.io task and container; return their netns paths."""
