@@ -26,7 +26,7 @@ from sandbox.errors import MountError, SandboxError
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.control import ControlPaths
 from sandbox.fakehw.fs import DEFAULT_DEV_MAP, check_mount_root, serve
-from sandbox.fakehw.tree import CharDevice, DeviceState, Health, Reason, Tree
+from sandbox.fakehw.tree import CharDevice, DeviceState, Health, Reason, Tree, check_component
 from sandbox.profile import NodeSpec, load_profile
 
 log = logging.getLogger(__name__)
@@ -74,32 +74,101 @@ def _check_dev_dir(dev_dir: Path) -> None:
         raise SandboxError(f"{dev_dir}: refusing to write under /sys")
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_dir(top: int, parts: list[str], create: bool) -> int:
+    """An fd of ``parts`` below ``top``: each step relative to the last open directory,
+    no symlink followed, so nothing outside ``top`` is ever reached."""
+    fd = os.dup(top)
+    try:
+        for part in parts:
+            check_component(part)
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def create_device_nodes(tree: Tree, dev_dir: Path,
-                        dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP) -> list[Path]:
-    """mknod the tree's char devices under ``dev_dir``; returns what was created."""
+                        dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP) -> list[str]:
+    """mknod the tree's char devices under ``dev_dir``; returns the ones it created
+    (relative paths), which is all ``remove_device_nodes`` will ever remove."""
     _check_dev_dir(dev_dir)
-    made: list[Path] = []
-    for rel, dev in char_devices(tree):
-        target = dev_dir / rel
-        major, minor = dev_map if dev_map is not None else (dev.major, dev.minor)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            st = target.lstat()
-            if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(major, minor):
-                continue  # left by an earlier run of ours: same node, keep it
-            raise SandboxError(f"{target}: exists and is not the device we would create")
-        os.mknod(target, stat.S_IFCHR | (dev.mode & 0o777), os.makedev(major, minor))
-        os.chmod(target, dev.mode & 0o777)
-        made.append(target)
+    made: list[str] = []
+    try:
+        top = os.open(dev_dir, _DIR_FLAGS)
+    except OSError as exc:
+        raise SandboxError(f"{dev_dir}: cannot open: {exc.strerror}") from exc
+    try:
+        _make_nodes(tree, top, dev_dir, dev_map, made)
+    except BaseException:
+        remove_device_nodes(made, dev_dir, dev_map)
+        raise
+    finally:
+        os.close(top)
     return made
 
 
-def remove_device_nodes(tree: Tree, dev_dir: Path) -> None:
-    for rel, _dev in char_devices(tree):
-        target = dev_dir / rel
-        with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISCHR(target.lstat().st_mode):
-                target.unlink()
+def _make_nodes(tree: Tree, top: int, dev_dir: Path, dev_map: tuple[int, int] | None,
+                made: list[str]) -> None:
+    for rel, dev in char_devices(tree):
+        *parents, name = rel.split("/")
+        major, minor = dev_map if dev_map is not None else (dev.major, dev.minor)
+        try:
+            parent = _open_dir(top, parents, create=True)
+        except (OSError, ValueError) as exc:
+            raise SandboxError(f"{dev_dir}/{rel}: cannot make its directory: {exc}") from exc
+        try:
+            check_component(name)
+            try:
+                os.mknod(name, stat.S_IFCHR | (dev.mode & 0o777), os.makedev(major, minor),
+                         dir_fd=parent)
+            except FileExistsError:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(major, minor):
+                    continue  # left by an earlier run of ours: same node, keep it
+                raise SandboxError(
+                    f"{dev_dir}/{rel}: exists and is not the device we would create"
+                ) from None
+            os.chmod(name, dev.mode & 0o777, dir_fd=parent)  # mknod applied the umask
+            made.append(rel)
+        finally:
+            os.close(parent)
+
+
+def remove_device_nodes(made: Sequence[str], dev_dir: Path,
+                        dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP) -> None:
+    """Unlink what ``create_device_nodes`` made, if it is still a character device (with the
+    mapped major:minor when there is a map); never follows a symlink out of ``dev_dir``."""
+    try:
+        top = os.open(dev_dir, _DIR_FLAGS)
+    except OSError:
+        return
+    try:
+        for rel in made:
+            *parents, name = rel.split("/")
+            try:
+                parent = _open_dir(top, parents, create=False)
+            except (OSError, ValueError):
+                continue
+            try:
+                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                if stat.S_ISCHR(st.st_mode) and (
+                        dev_map is None or st.st_rdev == os.makedev(*dev_map)):
+                    os.unlink(name, dir_fd=parent)
+            except (OSError, ValueError):
+                pass
+            finally:
+                os.close(parent)
+    finally:
+        os.close(top)
 
 
 def run_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
@@ -114,7 +183,7 @@ def run_node(profile_path: str, node: str, root: Path, *, index: int | None = No
         return build_tree(spec, states)
 
     states = initial_states(spec)
-    made: list[Path] = []
+    made: list[str] = []
     base_tree = build_tree(spec, {})
     if dev_dir is not None:
         made = create_device_nodes(base_tree, dev_dir, dev_map)
@@ -131,7 +200,7 @@ def run_node(profile_path: str, node: str, root: Path, *, index: int | None = No
                                fsname=f"hwsandbox:{spec.name}", task_status=_Status()))
     finally:
         if dev_dir is not None:
-            remove_device_nodes(base_tree, dev_dir)
+            remove_device_nodes(made, dev_dir, dev_map)
 
 
 @dataclass

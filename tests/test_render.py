@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 from pathlib import Path
 
 import pytest
 
+from sandbox.agent import create_device_nodes, remove_device_nodes
 from sandbox.cli import main
-from sandbox.errors import RenderError
+from sandbox.errors import MountError, RenderError, SandboxError
 from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.fs import check_mount_root
 from sandbox.fakehw.render import DEVICES_LIST, MARKER, render
-from sandbox.fakehw.tree import CharDevice, DeviceState, Dir, File, Symlink, Tree
+from sandbox.fakehw.tree import CharDevice, DeviceState, Dir, File, Symlink, Tree, TreeError
 from sandbox.profile import load_profile
 from sandbox.profile.resolve import NodeSpec
 
@@ -128,15 +131,42 @@ def test_non_empty_needs_force_and_force_replaces_a_render(tmp_path: Path,
     out = tmp_path / "root"
     out.mkdir()
     (out / "keep.txt").write_text("user data\n")
+    (out / "sys").mkdir()
+    (out / "sys" / "notes").write_text("user data in a dir the tree also has\n")
     with pytest.raises(RenderError, match="--force"):
         render(build_tree(node), out)
     render(build_tree(node), out, force=True)
     assert (out / "keep.txt").read_text() == "user data\n"  # not ours: left alone
     assert (out / MARKER).exists()
     gpu = node.devices[0]
-    render(build_tree(node, {gpu.id: DeviceState(plugged=False)}), out, force=True)
-    assert not (out / "sys/bus/pci/devices" / gpu.address).exists()
-    assert not (out / "keep.txt").exists()  # the marker says the whole dir is ours
+    for _ in range(2):  # the second and third forced renders replace only what a render wrote
+        render(build_tree(node, {gpu.id: DeviceState(plugged=False)}), out, force=True)
+        assert not (out / "sys/bus/pci/devices" / gpu.address).exists()
+        assert (out / "keep.txt").read_text() == "user data\n"
+        assert (out / "sys" / "notes").read_text() == "user data in a dir the tree also has\n"
+    render(build_tree(node), out, force=True)
+    assert (out / "sys/bus/pci/devices" / gpu.address).is_dir()
+    fresh = tmp_path / "fresh"
+    render(build_tree(node), fresh)
+    mine = snapshot(out)
+    for extra in ("keep.txt", "sys/notes", MARKER):
+        mine.pop(extra)
+    theirs = snapshot(fresh)
+    theirs.pop(MARKER)
+    assert mine == theirs
+
+
+def test_force_never_replaces_a_foreign_file(tmp_path: Path, node: NodeSpec) -> None:
+    out = tmp_path / "root"
+    (out / "proc").mkdir(parents=True)
+    (out / "proc" / "cpuinfo").write_text("mine\n")
+    with pytest.raises(RenderError, match="proc/cpuinfo: already exists and was not written"):
+        render(build_tree(node), out, force=True)
+    assert (out / "proc" / "cpuinfo").read_text() == "mine\n"
+    # What that failed render did write is in the manifest: a later one can undo it.
+    (out / "proc" / "cpuinfo").unlink()
+    render(build_tree(node), out, force=True)
+    assert (out / "proc" / "cpuinfo").read_text().startswith("processor")
 
 
 def test_force_does_not_follow_planted_symlinks(tmp_path: Path, node: NodeSpec) -> None:
@@ -145,10 +175,74 @@ def test_force_does_not_follow_planted_symlinks(tmp_path: Path, node: NodeSpec) 
     victim.mkdir()
     out.mkdir()
     (out / "proc").symlink_to(victim)
-    render(build_tree(node), out, force=True)
+    with pytest.raises(RenderError, match="proc: already exists and was not written"):
+        render(build_tree(node), out, force=True)
     assert os.listdir(victim) == []
-    assert (out / "proc").is_dir()
-    assert not (out / "proc").is_symlink()
+    assert (out / "proc").is_symlink()  # not ours: not replaced either
+
+
+def test_a_symlink_planted_between_renders_is_not_followed(tmp_path: Path,
+                                                           node: NodeSpec) -> None:
+    out = tmp_path / "root"
+    victim = tmp_path / "victim"
+    (victim / "class").mkdir(parents=True)
+    (victim / "class" / "precious").write_text("keep me")
+    render(build_tree(node), out)
+    shutil.rmtree(out / "sys" / "class")
+    (out / "sys" / "class").symlink_to(victim / "class")
+    # Manifest lines naming paths through it, or out of the target, are not followed.
+    with open(out / MARKER, "a") as fh:
+        fh.write("f sys/class/precious\nf ../victim/class/precious\nd ..\n")
+    with pytest.raises(RenderError, match="sys/class: already exists and was not written"):
+        render(build_tree(node), out, force=True)
+    assert (victim / "class" / "precious").read_text() == "keep me"
+
+
+@pytest.mark.parametrize("target", ["/etc", "/var", "/home", "/root", "/boot", "/run", "/tmp",
+                                    "/lib", "/usr", "/etc/hw", "/usr/local/x", "/boot/x"])
+def test_refuses_the_hosts_top_level_and_system_dirs(target: str) -> None:
+    with pytest.raises(RenderError, match="refusing to render into"):
+        render(Tree(), target, force=True)
+    assert not Path(target, MARKER).exists()
+
+
+@pytest.mark.parametrize("target", ["/etc/hw-sandbox-root", "/etc", "/tmp", "/usr/x", "/"])
+def test_mount_root_refuses_the_same_host_paths(target: str) -> None:
+    with pytest.raises(MountError, match="refusing to mount there"):
+        check_mount_root(target)
+
+
+@pytest.mark.parametrize("bad", ["..", ".", "x\0y"])
+def test_tree_refuses_names_that_are_not_one_component(bad: str) -> None:
+    tree = Tree()
+    with pytest.raises(TreeError, match="is not a plain file name"):
+        tree.add_file(f"dev/{bad}", "x")
+    with pytest.raises(TreeError, match="is not a plain file name"):
+        tree.mkdir(f"sys/{bad}/x")
+
+
+def test_device_nodes_stay_inside_their_dir_and_only_ours_are_removed(
+        tmp_path: Path, node: NodeSpec) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("mknod needs root: run this test as root")
+    dev = tmp_path / "dev"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dev.mkdir()
+    (dev / "infiniband").symlink_to(outside)  # planted: must not be followed
+    tree = build_tree(node)
+    with pytest.raises(SandboxError, match="infiniband"):
+        create_device_nodes(tree, dev)
+    assert os.listdir(outside) == []
+    (dev / "infiniband").unlink()
+    os.mknod(dev / "null", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # "the host's own"
+    made = create_device_nodes(tree, dev)
+    assert "null" not in made
+    assert "nvidia0" in made
+    assert (dev / "nvidia0").is_char_device()
+    remove_device_nodes(made, dev)
+    assert (dev / "null").is_char_device()
+    assert not (dev / "nvidia0").exists()
 
 
 def test_cli_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -22,6 +22,7 @@ from sandbox.fakehw.tree import (
     Symlink,
     Tree,
     TreeError,
+    check_entry,
 )
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.resolve import DeviceSpec, NodeSpec
@@ -125,6 +126,7 @@ class Ctx:
         pd = self.dir(parent)
         child = pd.children.get(name)
         if child is None:
+            check_entry(path, name)
             d = Dir()
             pd.children[name] = d
         elif isinstance(child, Dir):
@@ -138,6 +140,7 @@ class Ctx:
         children = self.dir(dirpath).children
         if name in children:
             raise TreeError(f"{dirpath}/{name}: already exists")
+        check_entry(f"{dirpath}/{name}", name)
         children[name] = entry
 
     # -- attributes, links, devices ---------------------------------------------------

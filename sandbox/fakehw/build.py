@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from sandbox.fakehw import _cpu, _fpga, _gpu, _net, _pci
 from sandbox.fakehw._common import Ctx, present
-from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree
+from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree, TreeError
 from sandbox.profile.resolve import DeviceSpec, NodeSpec
 
 MEM_MAJOR = 1
@@ -165,6 +165,7 @@ def _vfio(ctx: Ctx, plan: _pci.PciPlan, pci: dict[str, str]) -> None:
 def _generic(ctx: Ctx, devs: list[DeviceSpec], pci: dict[str, str]) -> None:
     """A generic device's nodes, each a class device below its PCI function: ``accel/accel0``
     becomes ``<BDF>/accel/accel0`` (class ``accel``); a bare name gets class ``generic``."""
+    shared: set[str] = set()
     for d in devs:
         fn = pci.get(d.address)
         if fn is None or d.generic is None:
@@ -173,8 +174,11 @@ def _generic(ctx: Ctx, devs: list[DeviceSpec], pci: dict[str, str]) -> None:
             cls, _, name = n.name.rpartition("/")
             cls = cls.replace("/", "!") or "generic"
             sysdir = f"{fn}/{cls}/{name}"
+            if n.name in shared:
+                continue  # two generic devices naming the same node share it
             if ctx.exists(f"dev/{n.name}"):
-                continue  # two devices naming the same node share it
+                raise TreeError(f"dev/{n.name}: already a device node of another device")
+            shared.add(n.name)
             ctx.chardev(n.name, n.major, n.minor, sysdir)
             ctx.link(f"{sysdir}/device", fn)
             ctx.link(f"sys/class/{cls}/{name}", sysdir)

@@ -37,6 +37,7 @@ import trio
 
 from sandbox.errors import CommandError, MountError
 from sandbox.fakehw.control import ControlPaths, ControlServer, control_paths
+from sandbox.fakehw.hostpaths import host_path_problem
 from sandbox.fakehw.live import Diff, Kind, LiveTree, Rebuild, kind_of, load_states
 from sandbox.fakehw.tree import DeviceState, Dir, Entry, File, Symlink
 
@@ -45,7 +46,6 @@ log = logging.getLogger(__name__)
 FSNAME = "hwsandbox"
 DEFAULT_DEV_MAP = (1, 3)  # /dev/null: openable and harmless
 CACHE_TIMEOUT = 86400.0  # seconds; invalidation, not expiry, keeps caches correct
-_FORBIDDEN_ROOTS = (Path("/sys"), Path("/dev"), Path("/proc"))
 _INVALIDATE_IGNORED = (errno.ENOENT, errno.ENOTDIR)
 
 
@@ -281,14 +281,12 @@ def _notify_kernel(ops: Sequence[tuple[int, bytes | None]]) -> None:
 
 # -- mount management -------------------------------------------------------------------
 def check_mount_root(root: str | os.PathLike[str]) -> Path:
-    """The absolute mount point for ``root``; refuses / and anything under the real
-    /sys, /dev or /proc."""
+    """The absolute mount point for ``root``; refuses what ``hostpaths`` refuses (/, the
+    host's top-level directories, anything under the real /sys, /dev, /proc, /etc...)."""
     path = Path(os.path.realpath(os.path.abspath(root)))
-    if path == Path("/"):
-        raise MountError("refusing to mount over /")
-    for bad in _FORBIDDEN_ROOTS:
-        if path == bad or bad in path.parents:
-            raise MountError(f"{path}: refusing to mount under the real {bad}")
+    problem = host_path_problem(path)
+    if problem is not None:
+        raise MountError(f"{path}: refusing to mount there: {problem}")
     return path
 
 

@@ -86,6 +86,14 @@ class TreeError(Exception):
     """A programming error while building a tree (a path used twice, a missing parent)."""
 
 
+def check_component(name: str) -> str:
+    """``name`` if it is one plain path component (what every tree entry name must be):
+    not empty, not ``.`` or ``..``, no ``/`` or NUL. ValueError otherwise."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise ValueError(f"{name!r} is not a plain file name")
+    return name
+
+
 class Tree:
     """A whole fake root. Build it with the add_* methods; read it with get/walk."""
 
@@ -99,6 +107,7 @@ class Tree:
         for part in _parts(path):
             child = node.children.get(part)
             if child is None:
+                check_entry(path, part)
                 child = Dir(mode=mode)
                 node.children[part] = child
             elif not isinstance(child, Dir):
@@ -108,8 +117,7 @@ class Tree:
 
     def _put(self, path: str, entry: Entry) -> None:
         parent, _, name = path.rpartition("/")
-        if not name:
-            raise TreeError(f"empty name in {path!r}")
+        check_entry(path, name)
         directory = self.mkdir(parent) if parent else self.root
         if name in directory.children:
             raise TreeError(f"{path}: already exists")
@@ -167,6 +175,14 @@ class Tree:
             else:
                 h.update(b"D%o\0" % entry.mode)
         return h.hexdigest()
+
+
+def check_entry(path: str, name: str) -> None:
+    """TreeError unless ``name`` (the last part of ``path``) is one plain component."""
+    try:
+        check_component(name)
+    except ValueError as exc:
+        raise TreeError(f"{path}: {exc}") from None
 
 
 def _parts(path: str) -> list[str]:

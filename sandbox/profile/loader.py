@@ -76,7 +76,30 @@ def load_profile_text(text: str, name: str = "<string>") -> LoadedProfile:
     except ResolveFailed as exc:
         problems = [_problem(name, positions, loc, msg) for loc, msg in exc.problems]
         raise ProfileError(sorted(problems, key=lambda p: (p.line, p.column))) from None
+    problems = [_problem(name, positions, loc, msg) for loc, msg in _check_dev_nodes(profile,
+                                                                                     cluster)]
+    if problems:
+        raise ProfileError(problems)
     return LoadedProfile(name, profile, cluster)
+
+
+def _check_dev_nodes(profile: model.Profile, cluster: Cluster) -> Iterator[tuple[Loc, str]]:
+    """Generic devices' ``devNodes`` are the only paths a profile names itself: build the
+    first replica of each node that has some, so a clash with another device's node (or a
+    node that is also used as a directory) is a located error, not a crash of the builder."""
+    from sandbox.fakehw.build import build_tree  # the builder imports the profile package
+    from sandbox.fakehw.tree import TreeError
+
+    for i, node in enumerate(profile.nodes):
+        with_nodes = [j for j, d in enumerate(node.devices)
+                      if isinstance(d, model.Generic) and d.dev_nodes]
+        spec = cluster.node(node.name, 0)
+        if not with_nodes or spec is None:
+            continue
+        try:
+            build_tree(spec)
+        except TreeError as exc:
+            yield ("nodes", i, "devices", with_nodes[0], "devNodes"), f"cannot build: {exc}"
 
 
 def _one(name: str, message: str, line: int = 1, column: int = 1) -> ProfileError:
@@ -311,6 +334,17 @@ _PATTERNS = {
         "a full PCI address DDDD:BB:DD.F, like 0000:3b:00.0",
     r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$": "a lowercase MAC address, like 0c:42:a1:00:00:00",
     r"^[0-9a-f]{32}$": "32 lowercase hex digits (an AFU UUID without dashes)",
+    r"^[^\x00-\x1f\x7f]*$": "one line of text without control characters",
+    r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$":
+        "a driver name: letters, digits, '_', '.', '+' and '-', not starting with '.'",
+    r"^[A-Za-z0-9_+{}-][A-Za-z0-9_.+{}-]*(/[A-Za-z0-9_+{}-][A-Za-z0-9_.+{}-]*)*$":
+        "a /dev path like accel/accel{i}: letters, digits, '_', '.', '+', '-', '{', '}' "
+        "separated by '/', no part empty or starting with '.'",
+    model.LABEL_KEY_PATTERN:
+        "a label key: [prefix/]name, the name at most 63 letters, digits, '-', '_' or '.'",
+    r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$":
+        "a label value: at most 63 letters, digits, '-', '_' or '.', starting and ending "
+        "alphanumeric",
 }
 
 
@@ -359,4 +393,4 @@ def _translate(name: str, data: Any, pos: _Positions, err: Any) -> Iterator[Prob
             shown = repr(err["input"])
             if len(shown) <= 40 and shown not in msg:
                 msg += f", got {shown}"
-        yield _problem(name, pos, loc, msg)
+        yield _problem(name, pos, loc, msg, key=tuple(err["loc"])[-1:] == ("[key]",))

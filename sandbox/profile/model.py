@@ -76,6 +76,18 @@ def HexInt(maximum: int) -> Any:  # noqa: N802 - reads like a type in field decl
 
 
 Count = Annotated[int, Field(ge=1, le=4096)]
+# Free text that lands in sysfs/proc files: one line, no control characters.
+Text = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=256)]
+# Names that become path components: never empty, never starting with '.', no '/'.
+DriverName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$", max_length=64)]
+DevNodeName = Annotated[str, Field(
+    pattern=r"^[A-Za-z0-9_+{}-][A-Za-z0-9_.+{}-]*(/[A-Za-z0-9_+{}-][A-Za-z0-9_.+{}-]*)*$",
+    max_length=255)]
+# Kubernetes label syntax: [dns-subdomain/]name, value a name or empty.
+LABEL_KEY_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+LabelKey = Annotated[str, Field(pattern=LABEL_KEY_PATTERN, max_length=317)]
+LabelValue = Annotated[str, Field(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
 Name = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
 PciAddress = Annotated[
     str, Field(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$")
@@ -96,15 +108,15 @@ class Strict(BaseModel):
 
 class Metadata(Strict):
     name: Name
-    description: str = ""
+    description: Annotated[str, Field(max_length=4096)] = ""
 
 
 class Cpu(Strict):
     sockets: Annotated[int, Field(ge=1, le=16)] = 1
     cores_per_socket: Annotated[int, Field(ge=1, le=512)] = 4
     threads_per_core: Annotated[int, Field(ge=1, le=8)] = 1
-    vendor: str = "GenuineIntel"
-    model: str = "Intel(R) Xeon(R) Platinum 8480+"
+    vendor: Text = "GenuineIntel"
+    model: Text = "Intel(R) Xeon(R) Platinum 8480+"
     family: Annotated[int, Field(ge=0)] = 6
     model_number: Annotated[int, Field(ge=0)] = 143
     mhz: Annotated[int, Field(ge=1)] = 2000
@@ -178,7 +190,7 @@ class Sriov(Strict):
 class Gpu(DeviceBase):
     type: Literal["gpu"]
     vendor: Literal["nvidia", "amd", "intel"]
-    model: str
+    model: Text
     memory: Quantity | None = None
     partitions: Partitions | None = None
     sriov: Sriov | None = Field(None, description="SR-IOV VFs (Intel Flex/Max GPUs)")
@@ -187,7 +199,7 @@ class Gpu(DeviceBase):
 class Nic(DeviceBase):
     type: Literal["nic"]
     vendor: Literal["mellanox", "intel"]
-    model: str
+    model: Text
     ports: Annotated[int, Field(ge=1, le=4)] = 1
     speed: Annotated[int, Field(ge=1)] | None = Field(
         None, description="Mb/s per port, as /sys/class/net/*/speed"
@@ -201,13 +213,13 @@ class Nic(DeviceBase):
 class Fpga(DeviceBase):
     type: Literal["fpga"]
     vendor: Literal["intel", "xilinx"]
-    model: str
+    model: Text
     ports: Annotated[int, Field(ge=1, le=8)] | None = None
     afu_ids: list[Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]] | None = None
 
 
 class DevNode(Strict):
-    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+{}-]+(/[A-Za-z0-9_.+{}-]+)*$")]
+    name: DevNodeName
     major: Annotated[int, Field(ge=0, le=4095)]
     minor: Annotated[int, Field(ge=0, le=1048575)]
 
@@ -217,8 +229,8 @@ class Generic(DeviceBase):
     vendor_id: HexInt(0xFFFF)  # type: ignore[valid-type]
     device_id: HexInt(0xFFFF)  # type: ignore[valid-type]
     class_code: HexInt(0xFFFFFF)  # type: ignore[valid-type]
-    model: str = "generic PCI device"
-    driver: str | None = None
+    model: Text = "generic PCI device"
+    driver: DriverName | None = None
     dev_nodes: list[DevNode] = Field(
         default_factory=list,
         description="per device; '{i}' in a name is replaced by the device index",
@@ -238,7 +250,7 @@ class Node(Strict):
     name: Name
     count: Annotated[int, Field(ge=1, le=64)] = 1
     role: Literal["control-plane", "worker"] = "worker"
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     kubelet: Kubelet = Field(default_factory=Kubelet)
     cpu: Cpu = Field(default_factory=Cpu)
     memory: Quantity | None = Field(None, description="total; default 16Gi per NUMA node")
