@@ -213,11 +213,14 @@ class Starting:
 
 
 def start_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
-               state_dir: Path, log_file: Path, dev_dir: Path | None = None,
+               state_dir: Path | None, log_file: Path, dev_dir: Path | None = None,
                extra: Sequence[str] = ()) -> Starting:
-    """Start ``sandbox mount`` for one node, detached (``setsid -f``: not our child)."""
+    """Start ``sandbox mount`` for one node, detached (``setsid -f``: not our child).
+    ``state_dir`` None: the control socket is ``ROOT.sock`` beside the mount."""
     argv = ["setsid", "-f", sys.executable, "-m", "sandbox", "mount", profile_path,
-            "--node", node, str(root), "--state-dir", str(state_dir)]
+            "--node", node, str(root)]
+    if state_dir is not None:
+        argv += ["--state-dir", str(state_dir)]
     if index is not None:
         argv += ["--index", str(index)]
     if dev_dir is not None:
@@ -240,7 +243,10 @@ def first_line(proc: subprocess.Popen[bytes], timeout: float, *,
     line = b""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and b"\n" not in line:
-        line += proc.stdout.read() or b""
+        chunk = proc.stdout.read()
+        if chunk == b"":
+            break  # end of file: every writer (the detached server too) has exited
+        line += chunk or b""
         if b"\n" in line or (stop_when_exited and proc.poll() is not None):
             break
         time.sleep(0.01)
@@ -249,12 +255,15 @@ def first_line(proc: subprocess.Popen[bytes], timeout: float, *,
 
 
 def log_tail(log_file: Path, lines: int = 5) -> str:
-    """The last lines of a log, joined for a one-line error message."""
+    """The last lines of a log, joined for a one-line error message: its ``error:`` lines
+    when it has some (a traceback's frames say nothing to a user), else its last lines."""
     try:
         text = log_file.read_text(errors="replace")
     except OSError:
         return "no output"
-    return " | ".join(text.strip().splitlines()[-lines:]) or "no output"
+    all_lines = text.strip().splitlines()
+    errors = [ln for ln in all_lines if ln.startswith("error: ")]
+    return " | ".join((errors or all_lines)[-lines:]) or "no output"
 
 
 def wait_node(starting: Starting, timeout: float = 20.0) -> int:
@@ -269,7 +278,7 @@ def wait_node(starting: Starting, timeout: float = 20.0) -> int:
 
 
 def spawn_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
-               state_dir: Path, log_file: Path, dev_dir: Path | None = None,
+               state_dir: Path | None, log_file: Path, dev_dir: Path | None = None,
                extra: Sequence[str] = (), timeout: float = 20.0) -> int:
     """Start one node's server detached and wait until it serves; returns its pid."""
     starting = start_node(profile_path, node, root, index=index, state_dir=state_dir,

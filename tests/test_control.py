@@ -101,6 +101,15 @@ BAD_REQUESTS: list[tuple[bytes, str]] = [
         "set-vfs gpu0: num_vfs 9 exceeds sriov_totalvfs 4",
     ),
     (b'{"v": 1, "op": "get", "id": [1]}', "id: expected a string or an integer"),
+    # Hostile: each of these used to stop the server, or was accepted.
+    (b'{"v":1,"op":"get","id":' + b"9" * 5000 + b"}", "integer with more than 20 digits"),
+    (b"[" * 3000 + b"]" * 3000, "nested deeper than 8 levels"),
+    (b'{"a":' * 3000 + b"1" + b"}" * 3000, "nested deeper than 8 levels"),
+    (b'{"v": true, "op": "get"}', "v: unsupported protocol version True"),
+    (b'{"v": 1.0, "op": "get"}', "v: unsupported protocol version 1.0"),
+    (b'{"v": 1, "op": "get", "op": "watch"}', "duplicate key 'op'"),
+    (b'{"v": 1, "op": "set-vfs", "device": "gpu0", "num_vfs": NaN}', "NaN is not a JSON number"),
+    (b'{"v": 1, "op": "get", "id": "\xff"}', "not a JSON line"),
 ]
 
 

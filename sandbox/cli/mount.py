@@ -52,7 +52,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     root = Path(args.root)
     if args.daemon:
-        state_dir = args.state_dir or root.absolute().parent
         log_file = args.log_file or root.absolute().parent / f"{root.name}.log"
         extra: list[str] = []
         if args.dev_map is not None:
@@ -60,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
         if args.dev:
             extra.append("--dev")
         pid = spawn_node(args.profile, args.node, root, index=args.index,
-                         state_dir=args.state_dir or state_dir, log_file=log_file,
+                         state_dir=args.state_dir, log_file=log_file,
                          dev_dir=args.dev_dir, extra=extra)
         if args.pid_file:
             args.pid_file.write_text(f"{pid}\n")
-        paths = control_paths(root, args.state_dir or state_dir)
+        paths = control_paths(root, args.state_dir)
         print(f"mounted {root} (pid {pid}); control socket {paths.socket}; log {log_file}")
         return 0
     if args.dev and args.dev_map is None:

@@ -45,6 +45,12 @@ log = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
 MAX_LINE = 64 * 1024
 WATCH_QUEUE = 1024
+# Bounds that keep one hostile client from stopping the server or starving the others:
+MAX_CONNECTIONS = 1024  # past this, the connection idle the longest is dropped
+MAX_WATCHERS = 256
+MAX_DIGITS = 20  # integers in a request (ids, num_vfs) are small
+MAX_DEPTH = 8  # requests are flat objects; deeper JSON is refused before it is decoded
+LISTEN_BACKLOG = 1024
 _SUN_PATH_MAX = 107
 _COMMON_KEYS = frozenset({"v", "op", "id"})
 _OP_KEYS: dict[str, frozenset[str]] = {
@@ -94,7 +100,7 @@ def parse_request(obj: object) -> Request:
         raise ControlError("id: expected a string or an integer")
     if "v" not in obj:
         raise ControlError(f'v: missing protocol version (send "v": {PROTOCOL_VERSION})')
-    if obj["v"] != PROTOCOL_VERSION:
+    if type(obj["v"]) is not int or obj["v"] != PROTOCOL_VERSION:
         raise ControlError(
             f"v: unsupported protocol version {obj['v']!r} (have {PROTOCOL_VERSION})"
         )
@@ -134,11 +140,91 @@ def parse_request(obj: object) -> Request:
     return Request(op, rid, Change(change_op, device))
 
 
+def decode_request(raw: bytes) -> object:
+    """One request line -> JSON value, refusing what no client sends: nesting deeper than
+    MAX_DEPTH, integers longer than MAX_DIGITS, NaN/Infinity, duplicate keys. Raises
+    ControlError with the reason."""
+    if _depth(raw) > MAX_DEPTH:
+        raise ControlError(f"not a request: JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(raw, parse_int=_parse_int, parse_constant=_no_constant,
+                          object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ControlError(f"not a JSON line: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ControlError(f"not a request: {exc}") from None
+
+
+def _depth(raw: bytes) -> int:
+    """The deepest nesting of [ and { outside strings (a cheap scan, no recursion)."""
+    deepest = depth = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"integer with more than {MAX_DIGITS} digits")
+    return int(text)
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
 def _line(obj: Mapping[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 # -- server -------------------------------------------------------------------------------
+@dataclass(eq=False)
+class _Conn:
+    """One client connection, for the connection bound: cancelled to evict it."""
+
+    scope: trio.CancelScope
+    last: float  # trio clock time of its last request or data
+    busy: bool = False  # a request is being served: never evicted then
+    watching: bool = False  # watchers stream events: they are bounded separately
+
+
+def _raise_fd_limit() -> None:
+    """Room for MAX_CONNECTIONS clients next to the FUSE server's own descriptors."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = MAX_CONNECTIONS + 1024
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+
+
 class ControlServer:
     """Serves the control API for one ``LiveTree``.
 
@@ -162,6 +248,7 @@ class ControlServer:
         self._lock = trio.Lock()
         self._seq = 0
         self._watchers: set[trio.MemorySendChannel[dict[str, Any]]] = set()
+        self._conns: set[_Conn] = set()
 
     async def run(
         self,
@@ -172,11 +259,25 @@ class ControlServer:
     ) -> None:
         """Listen on ``socket_path`` (mode 0600) and serve connections in ``nursery``
         until cancelled; removes the socket on the way out."""
+        _raise_fd_limit()
         listener = await _bind(socket_path)
         try:
             task_status.started()
             while True:
-                stream = await listener.accept()
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS,
+                                         errno.ENOMEM):
+                        raise
+                    # Out of descriptors: make room and go on serving, never stop.
+                    log.warning("control accept: %s; dropping the longest idle connection",
+                                exc.strerror)
+                    self._evict_idle()
+                    await trio.sleep(0.01)
+                    continue
+                if len(self._conns) >= MAX_CONNECTIONS:
+                    self._evict_idle()
                 nursery.start_soon(self._connection, stream, nursery)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -184,42 +285,63 @@ class ControlServer:
             with trio.CancelScope(shield=True):
                 await listener.aclose()
 
+    def _evict_idle(self) -> None:
+        """Drop the connection that has been idle longest (never one mid-request)."""
+        idle = [c for c in self._conns if not c.busy]
+        if idle:
+            victim = min(idle, key=lambda c: c.last)
+            self._conns.discard(victim)
+            victim.scope.cancel()
+
     async def _connection(self, stream: trio.SocketStream, nursery: trio.Nursery) -> None:
         buf = bytearray()
+        conn = _Conn(trio.CancelScope(), trio.current_time())
+        self._conns.add(conn)
         try:
-            while True:
-                nl = buf.find(b"\n")
-                if nl < 0 or nl > MAX_LINE:
-                    if len(buf) > MAX_LINE:
-                        await stream.send_all(
-                            _line(_error(None, f"request longer than {MAX_LINE} bytes"))
-                        )
+            with conn.scope:
+                while True:
+                    nl = buf.find(b"\n")
+                    if nl < 0 or nl > MAX_LINE:
+                        if len(buf) > MAX_LINE:
+                            await stream.send_all(
+                                _line(_error(None, f"request longer than {MAX_LINE} bytes"))
+                            )
+                            return
+                        chunk = await stream.receive_some(65536)
+                        if not chunk:
+                            return
+                        conn.last = trio.current_time()
+                        buf += chunk
+                        continue
+                    raw = bytes(buf[:nl])
+                    del buf[: nl + 1]
+                    if not raw.strip():
+                        continue
+                    conn.busy = True
+                    reply, watch = await self._dispatch(raw)
+                    if watch:
+                        if sum(1 for c in self._conns if c.watching) >= MAX_WATCHERS:
+                            await stream.send_all(_line(_error(
+                                reply.get("id"), f"too many watchers (at most {MAX_WATCHERS})")))
+                            return
+                        conn.watching = True
+                        await self._watch(stream, nursery, reply)
                         return
-                    chunk = await stream.receive_some(65536)
-                    if not chunk:
-                        return
-                    buf += chunk
-                    continue
-                raw = bytes(buf[:nl])
-                del buf[: nl + 1]
-                if not raw.strip():
-                    continue
-                reply, watch = await self._dispatch(raw)
-                if watch:
-                    await self._watch(stream, nursery, reply)
-                    return
-                await stream.send_all(_line(reply))
+                    await stream.send_all(_line(reply))
+                    conn.busy = False
+                    conn.last = trio.current_time()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
         finally:
+            self._conns.discard(conn)
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
     async def _dispatch(self, raw: bytes) -> tuple[dict[str, Any], bool]:
         try:
-            obj = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return _error(None, f"not a JSON line: {exc}"), False
+            obj = decode_request(raw)
+        except ControlError as exc:
+            return _error(None, str(exc)), False
         rid = obj.get("id") if isinstance(obj, dict) else None
         if isinstance(rid, bool) or not isinstance(rid, str | int | None):
             rid = None
@@ -368,11 +490,27 @@ async def _bind(path: Path) -> trio.SocketListener:
     finally:
         os.umask(old)
     os.chmod(path, 0o600)
-    sock.listen(64)
+    sock.listen(LISTEN_BACKLOG)
     return trio.SocketListener(sock)
 
 
 # -- client -------------------------------------------------------------------------------
+def _connect(sock: socket.socket, path: str, timeout: float | None) -> None:
+    """connect(), retrying while the server's backlog is full: with a timeout the socket is
+    non-blocking, and a unix socket then fails with EAGAIN instead of waiting its turn."""
+    deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
+    delay = 0.001
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
 class ControlClient:
     """Blocking client for one control socket; one request at a time per instance.
 
@@ -386,7 +524,7 @@ class ControlClient:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
-            self._sock.connect(str(self.socket_path))
+            _connect(self._sock, str(self.socket_path), timeout)
         except OSError as exc:
             self._sock.close()
             hint = " (is the node mounted? see `sandbox status`)"

@@ -305,12 +305,20 @@ def mounted_fstype(root: str | os.PathLike[str]) -> str | None:
 
 
 def recover_mount(root: str | os.PathLike[str]) -> bool:
-    """Unmount ``root`` if it is a dead FUSE mount (stat fails with ENOTCONN, as after a
-    server was killed). Returns True if it cleared one, False if there was nothing to do.
-    A live mount is left alone. Raises MountError (from CommandError) if it cannot."""
+    """Unmount ``root`` if it is a dead FUSE mount (its server was killed). Returns True
+    if it cleared one, False if there was nothing to do. A live mount is left alone.
+    Raises MountError (from CommandError) if it cannot.
+
+    ``stat`` alone is not enough: the kernel answers it from its attribute cache (a day
+    long here) once the root has been read, so a dead mount still stats fine. ``statvfs``
+    is never cached: it reaches the connection and fails with ENOTCONN when nobody serves
+    it."""
     path = check_mount_root(root)
     try:
         os.stat(path)
+        if not (mounted_fstype(path) or "").startswith("fuse"):
+            return False
+        os.statvfs(path)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             return False

@@ -1,0 +1,276 @@
+"""A live node's control socket and mount under hostile use (real server, real mount).
+
+The server must never stop: oversized, deep, numeric and malformed requests get an error
+reply; idle connections are bounded (the longest idle is dropped) instead of exhausting
+descriptors; other clients keep being served; its memory stays flat.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.errors import ControlError
+from sandbox.fakehw.control import MAX_LINE, ControlClient
+from tests.fakehw_toy import Server, require_fuse, start_server
+
+GPU0 = "sys/devices/pci0000:00/0000:10:00.0"
+REPO = Path(__file__).resolve().parent.parent
+FUZZ_REQUESTS = int(os.environ.get("HWSANDBOX_CONTROL_FUZZ", "10000"))
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    srv = start_server(tmp_path / "root")
+    try:
+        yield srv
+        assert srv.proc.poll() is None, "the server died"
+        assert srv.unmount() == 0
+    finally:
+        srv.cleanup()
+
+
+def _hostile(rng: random.Random) -> bytes:
+    """One hostile request line (without its newline), structure-aware."""
+    kind = rng.randrange(14)
+    if kind == 0:
+        return b'{"v":1,"op":"get","id":' + b"7" * rng.choice([21, 500, 5000, 60000]) + b"}"
+    if kind == 1:
+        n = rng.choice([9, 100, 3000, 30000])
+        return b"[" * n + b"]" * n
+    if kind == 2:
+        n = rng.choice([9, 100, 3000])
+        return b'{"a":' * n + b"1" + b"}" * n
+    if kind == 3:
+        return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))).replace(b"\n", b"")
+    if kind == 4:
+        return json.dumps({"v": rng.choice([True, 1.0, "1", None, [1], 2, -1, 10**30]),
+                           "op": "get"}).encode()
+    if kind == 5:
+        return b'{"v":1,"op":"get","op":"watch"}'
+    if kind == 6:
+        value = rng.choice(["NaN", "Infinity", "-Infinity", "1e999", "-0", "1" * 25, "1.5",
+                            "true", '"4"', "[]", "{}", "null", "4096", "4097", "-1"])
+        return f'{{"v":1,"op":"set-vfs","device":"gpu0","num_vfs":{value}}}'.encode()
+    if kind == 7:
+        device = rng.choice(["", "gpu0/../..", "x" * 5000, "\u0000", "gpu9", "nic0"])
+        op = rng.choice(["health", "unplug", "plug", "set-vfs", "nope", ""])
+        return json.dumps({"v": 1, "op": op, "device": device,
+                           "health": rng.choice(["unhealthy", "sick", 1]),
+                           "reason": rng.choice(["aer-fatal", "x", None])}).encode()
+    if kind == 8:
+        return b'"' + b"a" * rng.choice([10, 1000, MAX_LINE - 10]) + b'"'
+    if kind == 9:
+        return json.dumps({"v": 1, "op": "get", "id": "x" * rng.choice([1, 1000, 50000])}
+                          ).encode()
+    if kind == 10:
+        return b'{"v":1,"op":"get","extra":' + b'"x",' * rng.randrange(1, 3000) + b'"y"}'
+    if kind == 11:
+        return rng.choice([b"{", b"}", b"[", b'{"v":1', b"\x00", b"\\", b'"', b"1e", b"--1"])
+    if kind == 12:
+        return json.dumps([{"v": 1, "op": "get"}] * rng.randrange(1, 50)).encode()
+    return json.dumps({"v": 1, "op": "health", "device": "gpu1",
+                       "health": rng.choice(["healthy", "unhealthy"]),
+                       "reason": "aer-fatal"}).encode()
+
+
+class _Raw:
+    """A raw connection that reconnects when the server closes it (oversized lines)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = self._open()
+        self.file = self.sock.makefile("rb")
+
+    def _open(self) -> socket.socket:
+        s = socket.socket(socket.AF_UNIX)
+        s.settimeout(30)
+        s.connect(str(self.path))
+        return s
+
+    def reconnect(self) -> None:
+        self.file.close()
+        self.sock.close()
+        self.sock = self._open()
+        self.file = self.sock.makefile("rb")
+
+    def ask(self, line: bytes) -> dict[str, object] | None:
+        try:
+            self.sock.sendall(line + b"\n")
+            raw = self.file.readline(MAX_LINE * 16)
+        except OSError:
+            raw = b""
+        if not raw:
+            self.reconnect()
+            return None
+        reply: dict[str, object] = json.loads(raw)
+        return reply
+
+    def close(self) -> None:
+        self.file.close()
+        self.sock.close()
+
+
+def test_control_fuzz_never_stops_the_server(server: Server) -> None:
+    rng = random.Random(1234)
+    stop = threading.Event()
+    failures: list[str] = []
+    good = [0]
+
+    def reader() -> None:
+        """Another client and a reader of the tree, all along: always served."""
+        while not stop.is_set():
+            try:
+                with ControlClient(server.socket, timeout=30) as c:
+                    assert c.get()["ok"] is True
+                assert (server.root / GPU0 / "vendor").read_text() == "0x8086\n"
+                good[0] += 1
+            except (ControlError, OSError, AssertionError) as exc:
+                failures.append(repr(exc))
+            time.sleep(0.005)
+
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for t in readers:
+        t.start()
+    conns = [_Raw(server.socket) for _ in range(4)]
+    rss: list[int] = []
+    errors = replies = 0
+    try:
+        for i in range(FUZZ_REQUESTS):
+            line = _hostile(rng)
+            conn = conns[i % len(conns)]
+            if i % 97 == 0:  # a partial line, then an abrupt disconnect
+                conn.sock.sendall(line[: max(1, len(line) // 2)])
+                conn.reconnect()
+                continue
+            reply = conn.ask(line)
+            if reply is not None:
+                replies += 1
+                errors += reply.get("ok") is False
+            if i == FUZZ_REQUESTS // 5:
+                rss.append(server.rss_kib())
+        rss.append(server.rss_kib())
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+        for c in conns:
+            c.close()
+    assert server.proc.poll() is None, "the server stopped"
+    assert not failures, failures[:5]
+    assert good[0] > 0
+    assert replies > FUZZ_REQUESTS * 0.9
+    assert errors > FUZZ_REQUESTS * 0.5
+    # Flat memory: what the later 80 % of the requests added is small (no growth per request).
+    assert rss[1] - rss[0] < 32 * 1024, f"RSS grew from {rss[0]} to {rss[1]} KiB"
+    with ControlClient(server.socket) as c:
+        c.health("gpu1", "healthy")
+        assert c.get()["ok"] is True
+
+
+def test_idle_connections_never_starve_other_clients(server: Server) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 4096:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(1500):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(server.socket))
+            idle.append(s)
+        for _ in range(20):
+            with ControlClient(server.socket, timeout=30) as c:
+                assert c.get()["ok"] is True
+        assert (server.root / GPU0 / "vendor").read_text() == "0x8086\n"
+    finally:
+        for s in idle:
+            s.close()
+    assert server.proc.poll() is None
+    with ControlClient(server.socket) as c:
+        assert c.get()["ok"] is True
+
+
+def test_many_concurrent_clients_all_succeed(server: Server) -> None:
+    results: list[str] = []
+
+    def one() -> None:
+        try:
+            with ControlClient(server.socket, timeout=60) as c:
+                results.append("ok" if c.get()["ok"] else "refused")
+        except ControlError as exc:
+            results.append(str(exc))
+
+    threads = [threading.Thread(target=one) for _ in range(200)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == ["ok"] * 200, [r for r in results if r != "ok"][:3]
+
+
+def test_a_killed_server_whose_tree_was_read_can_be_replaced(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    first = start_server(root)
+    try:
+        assert (root / GPU0 / "vendor").read_text() == "0x8086\n"
+        os.stat(root)  # the kernel now caches the root's attributes
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait()
+    finally:
+        first.cleanup()
+    second = start_server(root)
+    try:
+        assert (root / GPU0 / "vendor").read_text() == "0x8086\n"
+        assert second.unmount() == 0
+    finally:
+        second.cleanup()
+
+
+def _sandbox(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], cwd=REPO, text=True,
+                          capture_output=True, check=False, timeout=timeout)
+
+
+def test_two_daemon_mounts_in_one_directory_have_their_own_sockets(tmp_path: Path) -> None:
+    require_fuse()
+    roots = [tmp_path / "a", tmp_path / "b"]
+    try:
+        for root in roots:
+            result = _sandbox("mount", "profiles/8gpu-2numa.yaml", "--node", "gpu-worker",
+                              str(root), "--daemon")
+            assert result.returncode == 0, result.stderr
+            assert f"control socket {root}.sock" in result.stdout
+        for root in roots:
+            with ControlClient(f"{root}.sock") as c:
+                assert c.get()["mount"] == str(root)
+    finally:
+        for root in roots:
+            subprocess.run(["fusermount3", "-u", str(root)], capture_output=True, check=False)
+
+
+def test_a_failed_daemon_start_says_why_at_once(tmp_path: Path) -> None:
+    require_fuse()
+    started = time.monotonic()
+    result = _sandbox("mount", "profiles/8gpu-2numa.yaml", "--node", "gpu-worker",
+                      "/etc/hw-sandbox-test-root", "--daemon", "--log-file",
+                      str(tmp_path / "log"))
+    waited = time.monotonic() - started
+    assert result.returncode == 1
+    assert "refusing to mount there" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert 'File "' not in result.stderr
+    # Not the 20 s start timeout: the server's exit is noticed when its pipe closes.
+    assert waited < 15, waited
+    assert not Path("/etc/hw-sandbox-test-root").exists()
