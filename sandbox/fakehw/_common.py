@@ -34,7 +34,9 @@ _INTERN_MAX_ENTRIES = 1 << 16
 _interned: dict[bytes, File] = {}
 
 
-def make_file(data: str | bytes, mode: int = RO) -> File:
+def make_file(data: str | bytes | File, mode: int = RO) -> File:
+    if isinstance(data, File):  # built once, shared by many entries (CPU masks)
+        return data
     raw = data.encode() if isinstance(data, str) else data
     if mode != RO or len(raw) > _INTERN_MAX_LEN:
         return File(raw, mode)
@@ -148,7 +150,8 @@ class Ctx:
         dirpath, _, name = path.rpartition("/")
         self.put(dirpath, name, make_file(data, mode))
 
-    def files(self, dirpath: str, items: Mapping[str, str | bytes], mode: int = RO) -> None:
+    def files(self, dirpath: str, items: Mapping[str, str | bytes | File],
+              mode: int = RO) -> None:
         children = self.dir(dirpath).children
         for name, data in items.items():
             if name in children:

@@ -5,7 +5,7 @@ Documentation/admin-guide/cputopology.rst)."""
 
 from __future__ import annotations
 
-from sandbox.fakehw._common import RW, Ctx, kernel_mask
+from sandbox.fakehw._common import RW, Ctx, kernel_mask, make_file
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.resolve import LogicalCpu, NodeSpec
 
@@ -89,9 +89,12 @@ def add_cpus(ctx: Ctx) -> None:
     for c in node.cpus:
         by_core.setdefault((c.socket, c.core), []).append(c.id)
         by_socket.setdefault(c.socket, []).append(c.id)
-    # Per-sibling-set strings, formatted once and shared by every CPU in the set.
-    core_fmt = {k: (kernel_mask(v, n), format_cpulist(v)) for k, v in by_core.items()}
-    pkg_fmt = {k: (kernel_mask(v, n), format_cpulist(v)) for k, v in by_socket.items()}
+    # Per-sibling-set files, formatted once and shared by every CPU (and cache) in the set:
+    # a mask is ncpus/4 bytes, so a copy per CPU would make the tree quadratic in CPUs.
+    core_fmt = {k: (make_file(f"{kernel_mask(v, n)}\n"), make_file(f"{format_cpulist(v)}\n"))
+                for k, v in by_core.items()}
+    pkg_fmt = {k: (make_file(f"{kernel_mask(v, n)}\n"), make_file(f"{format_cpulist(v)}\n"))
+               for k, v in by_socket.items()}
     caches = _caches(node)
     cores = spec.cores_per_socket
     for c in node.cpus:
@@ -105,18 +108,18 @@ def add_cpus(ctx: Ctx) -> None:
                 "die_id": "0\n",
                 "cluster_id": f"{c.socket * cores + c.core}\n",
                 "core_id": f"{c.core}\n",
-                "thread_siblings": f"{tmask}\n",
-                "thread_siblings_list": f"{tlist}\n",
-                "core_cpus": f"{tmask}\n",
-                "core_cpus_list": f"{tlist}\n",
-                "cluster_cpus": f"{tmask}\n",
-                "cluster_cpus_list": f"{tlist}\n",
-                "core_siblings": f"{pmask}\n",
-                "core_siblings_list": f"{plist}\n",
-                "die_cpus": f"{pmask}\n",
-                "die_cpus_list": f"{plist}\n",
-                "package_cpus": f"{pmask}\n",
-                "package_cpus_list": f"{plist}\n",
+                "thread_siblings": tmask,
+                "thread_siblings_list": tlist,
+                "core_cpus": tmask,
+                "core_cpus_list": tlist,
+                "cluster_cpus": tmask,
+                "cluster_cpus_list": tlist,
+                "core_siblings": pmask,
+                "core_siblings_list": plist,
+                "die_cpus": pmask,
+                "die_cpus_list": plist,
+                "package_cpus": pmask,
+                "package_cpus_list": plist,
             },
         )
         for i, (level, ctype, size, ways, scope) in enumerate(caches):
@@ -132,8 +135,8 @@ def add_cpus(ctx: Ctx) -> None:
                     "number_of_sets": f"{size * 1024 // (ways * 64)}\n",
                     "coherency_line_size": "64\n",
                     "physical_line_partition": "1\n",
-                    "shared_cpu_map": f"{smask}\n",
-                    "shared_cpu_list": f"{slist}\n",
+                    "shared_cpu_map": smask,
+                    "shared_cpu_list": slist,
                     "id": f"{cid}\n",
                 },
             )

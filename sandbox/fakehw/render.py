@@ -259,7 +259,6 @@ class _Writer:
             try:
                 if entry.data:
                     os.write(fd, entry.data)
-                os.fchmod(fd, entry.mode)
             finally:
                 os.close(fd)
             self.files += 1

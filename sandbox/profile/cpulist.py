@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def parse_cpulist(text: str) -> list[int]:
-    """``"0-3,8"`` -> [0, 1, 2, 3, 8]; raises ValueError with a readable message."""
+def parse_cpulist(text: str, limit: int | None = None) -> list[int]:
+    """``"0-3,8"`` -> [0, 1, 2, 3, 8]; raises ValueError with a readable message.
+    With ``limit``, any CPU number >= limit is an error found before anything is expanded
+    (so ``0-999999999999`` costs nothing)."""
     cpus: list[int] = []
     text = text.strip()
     if not text:
@@ -14,11 +16,16 @@ def parse_cpulist(text: str) -> list[int]:
     for part in text.split(","):
         part = part.strip()
         lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not lo.isascii() or not lo.isdigit() or (sep and not (hi.isascii() and hi.isdigit())):
             raise ValueError(f"{part!r} is not a CPU number or range (like 0-15,32)")
+        if len(lo) > 9 or len(hi) > 9:
+            raise ValueError(f"{part[:40]!r}: CPU number too large")
         start, end = int(lo), int(hi) if sep else int(lo)
         if end < start:
             raise ValueError(f"range {part!r} runs backwards")
+        if limit is not None and end >= limit:
+            have = f"0-{limit - 1}" if limit else "none"
+            raise ValueError(f"CPU {max(start, limit)} does not exist (have {have})")
         cpus.extend(range(start, end + 1))
     return cpus
 

@@ -142,6 +142,9 @@ def _parse(name: str, text: str) -> tuple[Any, _Positions]:
         raise _one(name, f"invalid YAML: {getattr(exc, 'reason', exc)}") from None
     try:
         root = loader.get_single_node()
+    except RecursionError:
+        raise _one(name, "invalid YAML: nested too deeply (a profile nests at most 64 "
+                   "levels)") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)

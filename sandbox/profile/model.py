@@ -31,13 +31,22 @@ _UNITS = {
 _QUANTITY = re.compile(r"^([0-9]+)\s*(k|M|G|T|Ki|Mi|Gi|Ti)?$")
 
 
+MAX_QUANTITY = 2**50  # 1 PiB: more than any node has, small enough for every consumer
+
+
 def parse_quantity(value: Any) -> Any:
     """``80Gi`` -> bytes; integers pass through; anything else is left for pydantic."""
     if isinstance(value, str):
         m = _QUANTITY.match(value.strip())
         if not m:
-            raise ValueError(f"{value!r} is not a quantity (like 512Mi, 80Gi, 1Ti or bytes)")
-        return int(m.group(1)) * _UNITS[m.group(2) or ""]
+            shown = repr(value) if len(value) <= 40 else repr(value[:37] + "...")
+            raise ValueError(f"{shown} is not a quantity (like 512Mi, 80Gi, 1Ti or bytes)")
+        digits = m.group(1)
+        if len(digits) > 20:
+            raise ValueError("more than 1Pi (1125899906842624 bytes)")
+        value = int(digits) * _UNITS[m.group(2) or ""]
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_QUANTITY:
+        raise ValueError("more than 1Pi (1125899906842624 bytes)")
     return value
 
 
@@ -75,7 +84,8 @@ def HexInt(maximum: int) -> Any:  # noqa: N802 - reads like a type in field decl
     ]
 
 
-Count = Annotated[int, Field(ge=1, le=4096)]
+MAX_NUMA_NODES = 64  # one PCI host bridge each by default, out of 256 bus numbers
+Count = Annotated[int, Field(ge=1, le=1024)]
 # Free text that lands in sysfs/proc files: one line, no control characters.
 Text = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=256)]
 # Names that become path components: never empty, never starting with '.', no '/'.
@@ -112,6 +122,8 @@ class Metadata(Strict):
 
 
 class Cpu(Strict):
+    """sockets x coresPerSocket x threadsPerCore may be at most 2048 logical CPUs."""
+
     sockets: Annotated[int, Field(ge=1, le=16)] = 1
     cores_per_socket: Annotated[int, Field(ge=1, le=512)] = 4
     threads_per_core: Annotated[int, Field(ge=1, le=8)] = 1
@@ -123,7 +135,7 @@ class Cpu(Strict):
 
 
 class NumaNode(Strict):
-    id: Annotated[int, Field(ge=0, le=1023)]
+    id: Annotated[int, Field(ge=0, lt=MAX_NUMA_NODES)]
     cpus: str | None = Field(None, description="cpulist like 0-15,32-47; derived if omitted")
     memory: Quantity | None = None
     hugepages: dict[str, Annotated[int, Field(ge=0)]] = Field(
@@ -132,7 +144,7 @@ class NumaNode(Strict):
 
 
 class Numa(Strict):
-    nodes: list[NumaNode] | None = None
+    nodes: Annotated[list[NumaNode], Field(max_length=MAX_NUMA_NODES)] | None = None
     distances: list[list[int]] | None = Field(
         None, description="distance matrix; default 10 local, 21 remote"
     )
@@ -256,11 +268,15 @@ class Node(Strict):
     memory: Quantity | None = Field(None, description="total; default 16Gi per NUMA node")
     numa: Numa = Field(default_factory=lambda: Numa())
     pci: Pci = Field(default_factory=lambda: Pci())
-    devices: list[Device] = Field(default_factory=list)
+    devices: list[Device] = Field(
+        default_factory=list,
+        description="at most 1024 devices (the sum of counts) and 8192 PCI functions (every "
+        "possible SR-IOV VF included) per node")
 
 
 class Profile(Strict):
     api_version: Literal["hwsandbox.dev/v1alpha1"]
     kind: Literal["HardwareProfile"]
     metadata: Metadata
-    nodes: list[Node] = Field(min_length=1)
+    nodes: list[Node] = Field(min_length=1, max_length=64,
+                              description="at most 64 nodes, replicas (count) included")

@@ -24,6 +24,12 @@ Loc = tuple[str | int, ...]
 _T = TypeVar("_T")
 
 LOCAL_DISTANCE, REMOTE_DISTANCE = 10, 21
+# What one node may have: enough for the largest real machines a plugin targets, small
+# enough that its tree builds and renders in seconds on a laptop (benchmarks/bench_limits).
+MAX_CPUS = 1024  # logical CPUs: sockets x coresPerSocket x threadsPerCore
+MAX_DEVICES = 1024  # devices on a node (the sum of every entry's count)
+MAX_FUNCTIONS = 4096  # PCI functions on a node, every possible SR-IOV VF included
+MAX_NODES = 64  # nodes of a profile, replicas included
 
 
 class ResolveFailed(Exception):
@@ -264,8 +270,18 @@ def resolve(profile: model.Profile) -> Cluster:
         if resolved is None or len(problems) > before:
             continue
         template, drafts = resolved
-        for r in range(node.count):
+        first = _replica(profile.metadata.name, node, template, drafts, 0)
+        size_problem = _too_big(first)
+        if size_problem:
+            problems.append(((*loc, "devices"), size_problem))
+            continue
+        nodes.append(first)
+        for r in range(1, node.count):
             nodes.append(_replica(profile.metadata.name, node, template, drafts, r))
+    replicas = sum(node.count for node in profile.nodes)
+    if replicas > MAX_NODES:
+        problems.append((("nodes",), f"{replicas} nodes (replicas included); at most "
+                                     f"{MAX_NODES}"))
     seen_replicas: set[str] = set()
     for n in nodes:
         if n.name in seen_replicas and not problems:
@@ -277,6 +293,23 @@ def resolve(profile: model.Profile) -> Cluster:
     if problems:
         raise ResolveFailed(problems)
     return Cluster(profile.metadata.name, profile.metadata.description, tuple(nodes))
+
+
+def _too_big(node: NodeSpec) -> str | None:
+    """Why a resolved node is past the devices or PCI functions limit, or None."""
+    if len(node.devices) > MAX_DEVICES:
+        return f"{len(node.devices)} devices on one node; at most {MAX_DEVICES}"
+    functions = 0
+    for d in node.devices:
+        functions += len(d.functions)
+        if d.gpu is not None:
+            functions += len(d.gpu.vf_addresses)
+        if d.nic is not None:
+            functions += sum(len(v) for v in d.nic.vf_addresses)
+    if functions > MAX_FUNCTIONS:
+        return (f"{functions} PCI functions on one node (SR-IOV VFs included); at most "
+                f"{MAX_FUNCTIONS}")
+    return None
 
 
 def _hugepage_kb(size: str) -> int | None:
@@ -295,6 +328,10 @@ def _resolve_node(
     cpu = node.cpu
     ncores = cpu.sockets * cpu.cores_per_socket
     ncpus = ncores * cpu.threads_per_core
+    if ncpus > MAX_CPUS:
+        problems.append(((*loc, "cpu"), f"{cpu.sockets} x {cpu.cores_per_socket} x "
+                         f"{cpu.threads_per_core} = {ncpus} logical CPUs; at most {MAX_CPUS}"))
+        return None
     # Linux's usual enumeration on x86: all first threads of every core, socket by
     # socket, then all second threads: cpuN and cpuN+cores are hyperthread siblings.
     layout = [
@@ -328,7 +365,7 @@ def _resolve_node(
         for k, n in enumerate(numa_entries):
             assert n.cpus is not None
             try:
-                listed = parse_cpulist(n.cpus)
+                listed = parse_cpulist(n.cpus, ncpus)
             except ValueError as exc:
                 problems.append(((*numa_loc, k, "cpus"), str(exc)))
                 continue
