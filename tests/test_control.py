@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 from collections.abc import Iterator
@@ -274,12 +275,12 @@ def test_scenario_validation_reports_every_problem(tmp_path: Path) -> None:
     assert exc.value.problems == [
         "s.yaml: bogus: unknown field",
         "s.yaml: version: unsupported version 2 (have 1)",
-        "s.yaml: steps[0].at: expected a number of seconds >= 0",
+        "s.yaml: steps[0].at: expected a number of seconds, 0 to 604800",
         "s.yaml: steps[1].do: unknown action 'explode' "
         "(expected health, unplug, plug, set-vfs, storm)",
         "s.yaml: steps[2].reason: expected one of aer-fatal, link-down, port-down, removed",
         "s.yaml: steps[3].every: required (> 0) when repeat > 1",
-        "s.yaml: steps[4].changes: expected an integer >= 1",
+        "s.yaml: steps[4].changes: expected an integer 1..100000",
         "s.yaml: steps[4].ops: expected a non-empty list of health, unplug, plug, set-vfs",
         "s.yaml: steps[5].expect.gpu0.color: unknown field "
         "(expected health, reason, plugged, num_vfs)",
@@ -292,6 +293,35 @@ def test_scenario_validation_reports_every_problem(tmp_path: Path) -> None:
         load_scenario(tmp_path / "bad.yaml")
     with pytest.raises(ScenarioError, match="cannot read"):
         load_scenario(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("steps: [{at: .inf, do: unplug, device: gpu0}]", "steps[0].at: expected a number"),
+    ("steps: [{at: .nan, do: unplug, device: gpu0}]", "steps[0].at: expected a number"),
+    ("steps: [{at: 1e300, do: unplug, device: gpu0}]", "steps[0].at: expected a number"),
+    ("seed: " + "7" * 5000 + "\nsteps: [{at: 1, do: unplug, device: gpu0}]", "not YAML"),
+    ("seed: " + "7" * 40 + "\nsteps: [{at: 1, do: unplug, device: gpu0}]",
+     "seed: expected an integer"),
+    ("steps: " + "[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("steps: [{at: 1, do: storm, changes: 5, ops: [[unplug]]}]", "steps[0].ops: expected"),
+    ("steps: [{at: 1, do: storm, changes: 1000000000}]", "steps[0].changes: expected"),
+    ("steps: [{at: 1, do: unplug, device: gpu0, repeat: 1000000000, every: 1}]",
+     "steps[0].repeat: expected"),
+    ("steps: [{at: 1, do: storm, changes: 60000}, {at: 2, do: storm, changes: 60000}]",
+     "steps: 120000 changes in all"),
+    ("{1: 2, a: 3, steps: [{at: 1, expect: {gpu0: {plugged: true}}}]}", "1: unknown field"),
+])
+def test_hostile_scenarios_are_scenario_errors(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=re.escape(message)):
+        load_scenario(path)
+
+
+def test_a_scenario_that_is_not_utf8_is_a_scenario_error(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_bytes(b"steps: [{at: 1, do: unplug, device: \xff\xfe}]")
+    with pytest.raises(ScenarioError, match="not UTF-8"):
+        load_scenario(tmp_path / "s.yaml")
 
 
 def test_raw_socket_protocol(server: Server) -> None:

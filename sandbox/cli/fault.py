@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlClient
-from sandbox.fakehw.scenario import load_scenario, run_scenario
+from sandbox.fakehw.scenario import Action, count_changes, load_scenario, run_scenario
 from sandbox.fakehw.tree import Reason
 from sandbox.session import find_session
 from sandbox.textui import table
@@ -97,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps(event), flush=True)
             return 0
         elif action == "run":
-            result = run_scenario(load_scenario(args.scenario), client, speed=args.speed)
+            scenario = load_scenario(args.scenario)
+            result = run_scenario(scenario, client, speed=args.speed,
+                                  on_action=_progress(count_changes(scenario.steps)))
             for check in result.checks:
                 print(check)
             print(f"{len(result.applied)} change(s) applied, "
@@ -113,6 +118,22 @@ def run(args: argparse.Namespace) -> int:
         desc += f" ({state['reason']})"
     print(f"{node}/{args.device}: {desc} [{what}]")
     return 0
+
+
+def _progress(total: int) -> Callable[[Action, dict[str, Any]], None]:
+    """Say how far a long scenario is, every 5 s (stderr), so a run never looks stuck."""
+    done = [0]
+    last = [time.monotonic()]
+
+    def report(action: Action, _reply: dict[str, Any]) -> None:
+        done[0] += 1
+        now = time.monotonic()
+        if now - last[0] >= 5.0:
+            last[0] = now
+            print(f"  {done[0]} of {total} change(s) applied (at {action.at:g}s)",
+                  file=sys.stderr, flush=True)
+
+    return report
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ performs the actions through a ``ControlClient`` at their times and returns the
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +44,13 @@ STORM_HEALTH = (
     (Health.UNHEALTHY, Reason.PORT_DOWN),
 )
 EXPECT_KEYS = ("health", "reason", "plugged", "num_vfs")
+# Bounds: a scenario is a test plan, not a workload generator. Past these it is refused
+# before anything is expanded in memory or sent.
+MAX_BYTES = 1 << 20
+MAX_SECONDS = 7 * 24 * 3600.0  # at, every, over
+MAX_ACTIONS = 100_000  # every change of every step, repeats and storms included
+MAX_SEED = 2**64
+MAX_VFS = 4096  # as the control API
 _STEP_KEYS = {
     "health": {"device", "health", "reason"},
     "unplug": {"device"},
@@ -137,20 +145,42 @@ class _Problems:
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text())
+        if p.is_dir():
+            raise ScenarioError([f"{p}: is a directory, not a scenario file"])
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
     except OSError as exc:
         raise ScenarioError([f"{p}: cannot read: {exc.strerror}"]) from exc
+    if len(raw) > MAX_BYTES:
+        raise ScenarioError([f"{p}: larger than {MAX_BYTES >> 20} MiB; not a scenario"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError([f"{p}: not UTF-8 text (byte {exc.start})"]) from None
+    return parse_scenario_text(text, source=str(p))
+
+
+def parse_scenario_text(text: str, *, source: str = "<scenario>") -> Scenario:
+    """Parse and validate a scenario's YAML text; ScenarioError for any problem."""
+    try:
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ScenarioError([f"{p}: not YAML: {exc}"]) from exc
-    return parse_scenario(doc, source=str(p))
+        raise ScenarioError([f"{source}: not YAML: {exc}"]) from None
+    except RecursionError:
+        raise ScenarioError([f"{source}: not YAML: nested too deeply"]) from None
+    except ValueError as exc:  # e.g. an integer past Python's digit limit
+        raise ScenarioError([f"{source}: not YAML: {exc}"]) from None
+    return parse_scenario(doc, source=source)
 
 
 def _num(v: object) -> TypeGuard[int | float]:
-    return isinstance(v, int | float) and not isinstance(v, bool)
+    """A finite number of seconds within MAX_SECONDS (NaN, inf and 1e300 are not)."""
+    return (isinstance(v, int | float) and not isinstance(v, bool)
+            and math.isfinite(v) and -MAX_SECONDS <= v <= MAX_SECONDS)
 
 
 def _int(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and -MAX_SEED <= v <= MAX_SEED
 
 
 def parse_scenario(doc: object, *, source: str = "<scenario>") -> Scenario:
@@ -158,9 +188,9 @@ def parse_scenario(doc: object, *, source: str = "<scenario>") -> Scenario:
     bad = _Problems(source)
     if not isinstance(doc, dict):
         raise ScenarioError([f"{source}: expected a mapping with `steps`"])
-    for key in sorted(set(doc) - {"version", "seed", "steps", "name", "description"}):
+    for key in sorted(set(doc) - {"version", "seed", "steps", "name", "description"}, key=str):
         bad(str(key), "unknown field")
-    if doc.get("version", 1) != 1:
+    if not _int(doc.get("version", 1)) or doc.get("version", 1) != 1:
         bad("version", f"unsupported version {doc.get('version')!r} (have 1)")
     seed = doc.get("seed", 0)
     if not _int(seed):
@@ -175,9 +205,19 @@ def parse_scenario(doc: object, *, source: str = "<scenario>") -> Scenario:
         step = _parse_step(raw, f"steps[{i}]", bad)
         if step is not None:
             steps.append(step)
+    total = count_changes(steps)
+    if total > MAX_ACTIONS:
+        bad("steps", f"{total} changes in all (repeats and storms included); at most "
+                     f"{MAX_ACTIONS}")
     if bad.lines:
         raise ScenarioError(bad.lines)
     return Scenario(tuple(steps), seed, source)
+
+
+def count_changes(steps: Sequence[Step]) -> int:
+    """How many changes ``steps`` make in all (repeats and storms included)."""
+    return sum(st.repeat * (st.args["changes"] if st.do == "storm" else 1)
+               for st in steps if st.do is not None)
 
 
 def _parse_step(raw: object, where: str, bad: _Problems) -> Step | None:
@@ -187,7 +227,7 @@ def _parse_step(raw: object, where: str, bad: _Problems) -> Step | None:
     n_before = len(bad)
     at = raw.get("at")
     if not _num(at) or at < 0:
-        bad(f"{where}.at", "expected a number of seconds >= 0")
+        bad(f"{where}.at", f"expected a number of seconds, 0 to {MAX_SECONDS:g}")
     do = raw.get("do")
     expect = raw.get("expect")
     if do is None and expect is None:
@@ -200,11 +240,11 @@ def _parse_step(raw: object, where: str, bad: _Problems) -> Step | None:
         bad(f"{where}.{key}", "unknown field" + (f" for {do}" if do else ""))
     repeat = raw.get("repeat", 1)
     every = raw.get("every", 0.0)
-    if not _int(repeat) or repeat < 1:
-        bad(f"{where}.repeat", "expected an integer >= 1")
+    if not _int(repeat) or not 1 <= repeat <= MAX_ACTIONS:
+        bad(f"{where}.repeat", f"expected an integer 1..{MAX_ACTIONS}")
         repeat = 1
     if not _num(every) or every < 0:
-        bad(f"{where}.every", "expected a number of seconds >= 0")
+        bad(f"{where}.every", f"expected a number of seconds, 0 to {MAX_SECONDS:g}")
     elif repeat > 1 and every <= 0:
         bad(f"{where}.every", "required (> 0) when repeat > 1")
     if do in OPS:
@@ -235,17 +275,17 @@ def _check_op_args(op: str, raw: Mapping[str, Any], where: str, bad: _Problems) 
             bad(f"{where}.reason", "a healthy device takes no reason")
     if op == "set-vfs":
         n = raw.get("num_vfs")
-        if not _int(n) or n < 0:
-            bad(f"{where}.num_vfs", "expected an integer >= 0")
+        if not _int(n) or not 0 <= n <= MAX_VFS:
+            bad(f"{where}.num_vfs", f"expected an integer 0..{MAX_VFS}")
 
 
 def _check_storm(raw: Mapping[str, Any], where: str, bad: _Problems) -> None:
     changes = raw.get("changes")
-    if not _int(changes) or changes < 1:
-        bad(f"{where}.changes", "expected an integer >= 1")
+    if not _int(changes) or not 1 <= changes <= MAX_ACTIONS:
+        bad(f"{where}.changes", f"expected an integer 1..{MAX_ACTIONS}")
     over = raw.get("over", 0.0)
     if not _num(over) or over < 0:
-        bad(f"{where}.over", "expected a number of seconds >= 0")
+        bad(f"{where}.over", f"expected a number of seconds, 0 to {MAX_SECONDS:g}")
     devices = raw.get("devices")
     if devices is not None and (
         not isinstance(devices, list)
@@ -254,12 +294,13 @@ def _check_storm(raw: Mapping[str, Any], where: str, bad: _Problems) -> None:
     ):
         bad(f"{where}.devices", "expected a non-empty list of device ids")
     ops = raw.get("ops")
-    if ops is not None and (not isinstance(ops, list) or not ops or not set(ops) <= set(OPS)):
+    if ops is not None and (not isinstance(ops, list) or not ops
+                            or not all(isinstance(o, str) and o in OPS for o in ops)):
         bad(f"{where}.ops", f"expected a non-empty list of {', '.join(OPS)}")
     if "seed" in raw and not _int(raw["seed"]):
         bad(f"{where}.seed", "expected an integer")
-    if "max_vfs" in raw and (not _int(raw["max_vfs"]) or raw["max_vfs"] < 0):
-        bad(f"{where}.max_vfs", "expected an integer >= 0")
+    if "max_vfs" in raw and (not _int(raw["max_vfs"]) or not 0 <= raw["max_vfs"] <= MAX_VFS):
+        bad(f"{where}.max_vfs", f"expected an integer 0..{MAX_VFS}")
 
 
 def _check_expect(expect: object, where: str, bad: _Problems) -> None:
@@ -279,7 +320,8 @@ def _check_expect(expect: object, where: str, bad: _Problems) -> None:
             bad(f"{w}.reason", "expected a reason or null")
         if "plugged" in want and not isinstance(want["plugged"], bool):
             bad(f"{w}.plugged", "expected true or false")
-        if "num_vfs" in want and want["num_vfs"] is not None and not _int(want["num_vfs"]):
+        if "num_vfs" in want and want["num_vfs"] is not None and not (
+                _int(want["num_vfs"]) and 0 <= want["num_vfs"] <= MAX_VFS):
             bad(f"{w}.num_vfs", "expected an integer or null")
 
 

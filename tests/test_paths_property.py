@@ -1,0 +1,141 @@
+"""Property: for any profile the model accepts, every path the tree builder and the runtimes
+would create lies inside the target root.
+
+Profiles are generated with the names a profile controls drawn from the model's own
+patterns (devNode names, drivers, labels, device name prefixes), so separators, dots and
+``{i}`` appear wherever they are allowed. For each accepted profile: every tree entry name
+is one plain component and its path stays below the root, every symlink resolves below
+the root, and every device node the agent would mknod stays below its dev dir. Every 50th
+accepted profile is also rendered for real (with ``--mknod``) next to a canary directory
+that must stay untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from sandbox.agent import char_devices, create_device_nodes, remove_device_nodes
+from sandbox.errors import ProfileError
+from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.render import render
+from sandbox.fakehw.tree import Symlink, check_component
+from sandbox.profile import load_profile_text
+from sandbox.profile import model as m
+
+EXAMPLES = int(os.environ.get("HWSANDBOX_PATH_EXAMPLES", "2000"))
+ROOT = "/target/root"
+
+dev_node_names = st.from_regex(
+    r"\A[A-Za-z0-9_+{}-][A-Za-z0-9_.+{}-]{0,6}(/[A-Za-z0-9_+{}-][A-Za-z0-9_.+{}-]{0,6}){0,2}\Z")
+drivers = st.from_regex(r"\A[A-Za-z0-9_][A-Za-z0-9_.+-]{0,10}\Z")
+dns = st.from_regex(r"\A[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?\Z")
+label_keys = st.from_regex(r"\A([a-z0-9]{1,5}(\.[a-z0-9]{1,5}){0,2}/)?"
+                           r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,8}[A-Za-z0-9])?\Z")
+label_values = st.from_regex(r"\A([A-Za-z0-9]([-A-Za-z0-9_.]{0,8}[A-Za-z0-9])?)?\Z")
+
+gpus = st.fixed_dictionaries({
+    "type": st.just("gpu"),
+    "vendor": st.just("nvidia"),
+    "model": st.sampled_from(["t4", "l40s", "a100-sxm4-80gb", "h100-sxm5-80gb"]),
+}, optional={"count": st.integers(1, 3), "name": dns}) | st.fixed_dictionaries({
+    "type": st.just("gpu"), "vendor": st.just("amd"), "model": st.sampled_from(["mi300x", "mi210"]),
+}, optional={"count": st.integers(1, 2)}) | st.fixed_dictionaries({
+    "type": st.just("gpu"), "vendor": st.just("intel"), "model": st.just("flex-170"),
+}, optional={"sriov": st.fixed_dictionaries({"totalVFs": st.integers(1, 4)})})
+nics = st.fixed_dictionaries({
+    "type": st.just("nic"), "vendor": st.just("mellanox"), "model": st.just("connectx-6"),
+}, optional={"ports": st.integers(1, 2), "linkLayer": st.sampled_from(["ethernet", "infiniband"]),
+             "sriov": st.fixed_dictionaries({"totalVFs": st.integers(1, 3)}), "name": dns})
+fpgas = st.fixed_dictionaries({
+    "type": st.just("fpga"), "vendor": st.just("intel"), "model": st.just("pac-a10"),
+})
+generics = st.fixed_dictionaries({
+    "type": st.just("generic"),
+    "vendorId": st.integers(0, 0xFFFF),
+    "deviceId": st.integers(0, 0xFFFF),
+    "classCode": st.integers(0, 0xFFFFFF),
+}, optional={
+    "driver": drivers,
+    "count": st.integers(1, 3),
+    "devNodes": st.lists(st.fixed_dictionaries({
+        "name": dev_node_names, "major": st.integers(0, 4095), "minor": st.integers(0, 1000),
+    }), max_size=3),
+})
+
+
+@st.composite
+def profiles(draw: st.DrawFn) -> str:
+    node: dict[str, Any] = {
+        "name": draw(dns),
+        "cpu": {"sockets": draw(st.integers(1, 2)), "coresPerSocket": draw(st.integers(1, 4)),
+                "threadsPerCore": draw(st.integers(1, 2))},
+        "labels": draw(st.dictionaries(label_keys, label_values, max_size=2)),
+        "devices": draw(st.lists(gpus | nics | fpgas | generics, max_size=4)),
+    }
+    doc = {"apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": {"name": draw(dns)},
+           "nodes": [node]}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def _inside(root: str, path: str) -> bool:
+    norm = posixpath.normpath(path)
+    return norm == root or norm.startswith(root + "/")
+
+
+accepted = [0]
+
+
+@settings(max_examples=EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(profiles())
+def test_every_path_the_tree_and_runtimes_create_stays_inside_the_root(text: str) -> None:
+    try:
+        cluster = load_profile_text(text, "prop.yaml").cluster
+    except ProfileError:
+        assume(False)  # the property is about what the model accepts
+        return
+    accepted[0] += 1
+    for node in cluster.nodes:
+        tree = build_tree(node)
+        for rel, entry in tree.walk():
+            for part in rel.split("/"):
+                check_component(part)
+            full = f"{ROOT}/{rel}"
+            assert _inside(ROOT, full), rel
+            if isinstance(entry, Symlink):
+                assert not entry.target.startswith("/"), (rel, entry.target)
+                target = posixpath.join(posixpath.dirname(full), entry.target)
+                assert _inside(ROOT, target), (rel, entry.target)
+        for rel, _dev in char_devices(tree):
+            assert _inside("/dev-dir", f"/dev-dir/{rel}"), rel
+        if accepted[0] % 50 == 1:
+            _render_for_real(tree)
+
+
+def _render_for_real(tree: Any) -> None:
+    with tempfile.TemporaryDirectory(prefix="prop-", dir="/dev/shm") as tmp:
+        canary = Path(tmp) / "canary"
+        canary.mkdir()
+        (canary / "keep").write_text("keep")
+        out = Path(tmp) / "a" / "root"
+        render(tree, out, mknod=os.geteuid() == 0)
+        render(tree, out, mknod=os.geteuid() == 0, force=True)
+        assert sorted(os.listdir(tmp)) == ["a", "canary"]
+        assert os.listdir(Path(tmp) / "a") == ["root"]
+        assert os.listdir(canary) == ["keep"]
+    if os.geteuid() == 0:  # (the agent refuses anything below /dev, /dev/shm included)
+        with tempfile.TemporaryDirectory(prefix="prop-dev-") as tmp:
+            dev = Path(tmp) / "dev"
+            dev.mkdir()
+            (Path(tmp) / "canary").mkdir()
+            remove_device_nodes(create_device_nodes(tree, dev), dev)
+            assert sorted(os.listdir(tmp)) == ["canary", "dev"]
+            assert os.listdir(Path(tmp) / "canary") == []
