@@ -6,6 +6,7 @@ Everything goes through the CLI a user would type (`sandbox mount --daemon`,
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.agent import unmount
+from sandbox.errors import ControlError
 from sandbox.fakehw.control import ControlClient
 from tests.fakehw_toy import require_fuse
 from tests.readers import lstopo
@@ -180,3 +182,36 @@ def test_bad_fault_is_a_clear_error(mounted: tuple[Path, Path]) -> None:
     assert result.stderr.startswith("error: ")
     assert "gpu99" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("device", "count", "message"), [
+    ("nic0", "4096", "nic0 has no SR-IOV"),  # this profile's NICs have no sriov
+    ("gpu0", "0", "gpu0 has no SR-IOV"),
+])
+def test_set_vfs_is_refused_where_the_kernel_refuses_it(mounted: tuple[Path, Path], device: str,
+                                                        count: str, message: str) -> None:
+    root, sock = mounted
+    result = sandbox("fault", "--socket", str(sock), "set-vfs", "gpu-worker", device, count)
+    assert result.returncode == 1
+    assert message in result.stderr
+    state = json.loads((sock.parent / "state.json").read_text()) if (
+        sock.parent / "state.json").exists() else {}
+    assert state.get(device, {}).get("num_vfs") is None  # refused: not saved either
+
+
+def test_set_vfs_past_totalvfs_is_refused(tmp_path: Path) -> None:
+    require_fuse()
+    root = tmp_path / "root"
+    result = sandbox("mount", str(ROOT / "profiles" / "sriov-rdma.yaml"), "--node",
+                     "net-worker", str(root), "--daemon")
+    assert result.returncode == 0, result.stderr
+    try:
+        with ControlClient(f"{root}.sock") as c:
+            nic = next(d for d in c.devices().values() if d["kind"] == "nic")
+            total = int((root / "sys/bus/pci/devices" / nic["pci_address"] /
+                         "sriov_totalvfs").read_text())
+            with pytest.raises(ControlError, match=f"exceeds sriov_totalvfs {total}"):
+                c.set_vfs(nic["id"], total + 1)
+            assert c.set_vfs(nic["id"], total)["ok"]
+    finally:
+        unmount(root)

@@ -174,3 +174,22 @@ def test_schema_rejects_structural_errors(name: str) -> None:
     data = yaml.safe_load((INVALID_DIR / f"{name}.yaml").read_text())
     errors = list(jsonschema.Draft202012Validator(profile_schema()).iter_errors(data))
     assert errors, f"{name}.yaml passes the schema but the loader rejects it"
+
+
+def test_validate_exit_status_survives_a_reader_that_goes_away() -> None:
+    bad = INVALID_DIR / "many-problems.yaml"
+    result = subprocess.run(
+        f"{sys.executable} -m sandbox validate {bad} {bad} {bad} 2>&1 | head -1; "
+        "echo \"status ${PIPESTATUS[0]}\"", shell=True, executable="/bin/bash",
+        capture_output=True, text=True, cwd=ROOT, check=False, timeout=60)
+    assert result.stdout.splitlines()[-1] == "status 1"
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_validate_refuses_a_fifo_instead_of_hanging(tmp_path: Path) -> None:
+    fifo = tmp_path / "profile.yaml"
+    os.mkfifo(fifo)
+    result = subprocess.run([sys.executable, "-m", "sandbox", "validate", str(fifo)], cwd=ROOT,
+                            capture_output=True, text=True, check=False, timeout=30)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"{fifo}:1:1: not a regular file")

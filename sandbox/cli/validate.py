@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import TextIO
 
 from sandbox.errors import ProfileError
 from sandbox.profile import load_profile
@@ -29,12 +31,23 @@ def run(args: argparse.Namespace) -> int:
         except ProfileError as exc:
             failed += 1
             for problem in exc.problems:
-                print(problem, file=sys.stderr)
+                _say(str(problem), sys.stderr)
             continue
         if not args.quiet:
             nodes = loaded.cluster.nodes
             devices = sum(len(n.devices) for n in nodes)
-            print(f"{path}: ok ({len(nodes)} node(s), {devices} device(s))")
+            _say(f"{path}: ok ({len(nodes)} node(s), {devices} device(s))", sys.stdout)
     if failed:
-        print(f"{failed} of {len(args.profiles)} profile(s) invalid", file=sys.stderr)
+        _say(f"{failed} of {len(args.profiles)} profile(s) invalid", sys.stderr)
     return 1 if failed else 0
+
+
+def _say(line: str, stream: TextIO) -> None:
+    """Print, but a reader that went away (``validate x | head -1``) must not change the
+    verdict: the exit status still says whether every profile is valid."""
+    try:
+        print(line, file=stream, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)

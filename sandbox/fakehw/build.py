@@ -131,8 +131,14 @@ def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
 
 
 def _vf_count(dev: DeviceSpec, state: DeviceState) -> int:
-    """VFs enabled: the state's count (clamped to sriov_totalvfs), else the profile's."""
+    """VFs enabled: the state's count, else the profile's. ValueError (the control API's
+    refusal) for a count on a device without SR-IOV or past its sriov_totalvfs."""
     info = _pci.vf_info(dev)
+    if state.num_vfs is not None:  # as the kernel refuses writes to sriov_numvfs
+        if info is None:
+            raise ValueError(f"{dev.id} has no SR-IOV (no sriov_numvfs)")
+        if not 0 <= state.num_vfs <= info.total:
+            raise ValueError(f"num_vfs {state.num_vfs} exceeds sriov_totalvfs {info.total}")
     if info is None or not present(state):
         return 0
     wanted = info.enabled if state.num_vfs is None else state.num_vfs

@@ -111,6 +111,9 @@ def _read(name: str) -> str:
     try:
         if p.is_dir():
             raise _one(name, "is a directory, not a profile file")
+        if p.exists() and not p.is_file() and name != "/dev/stdin":
+            # a FIFO or a device would block or never end: not a profile file
+            raise _one(name, "not a regular file")
         with p.open("rb") as f:
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
