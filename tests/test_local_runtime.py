@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -125,6 +126,39 @@ def test_up_status_fault_down(state_root: Path) -> None:
             os.kill(pid, 0)
     with open("/proc/self/mountinfo") as f:
         assert str(state_root) not in f.read()
+
+
+def test_dead_or_reused_pids_are_never_trusted(state_root: Path) -> None:
+    require_fuse()
+    assert sandbox(state_root, "up", "profiles/fpga-dfl.yaml").returncode == 0
+    record_file = state_root / "fpga-dfl" / "sandbox.json"
+    record = json.loads(record_file.read_text())
+    [node] = record["nodes"]
+    kubelet = int(record["nodes"][node]["pids"]["kubelet"])
+    os.kill(kubelet, signal.SIGKILL)
+    for _ in range(200):
+        if not Path(f"/proc/{kubelet}").exists():
+            break
+        time.sleep(0.05)
+    status = sandbox(state_root, "status")
+    assert status.returncode == 1  # NotReady is a failure for scripts
+    assert "NotReady" in status.stdout
+    assert "kubelet harness down" in status.stdout
+    assert "no extended resources advertised" in status.stdout
+    restart = sandbox(state_root, "fault", "restart-kubelet", node)
+    assert restart.returncode == 1
+    assert "is not running" in restart.stderr
+    assert "Traceback" not in restart.stderr
+    # The kernel hands the dead kubelet's pid to someone else: down must not signal it.
+    stranger = subprocess.Popen(["sleep", "60"])
+    try:
+        record["nodes"][node]["pids"]["kubelet"] = stranger.pid
+        record_file.write_text(json.dumps(record))
+        assert sandbox(state_root, "down").returncode == 0
+        assert stranger.poll() is None, "down signalled a process it did not start"
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_up_refuses_a_second_sandbox_of_the_same_name(state_root: Path) -> None:

@@ -64,13 +64,14 @@ def text(status: SandboxStatus) -> str:
 def run(args: argparse.Namespace) -> int:
     session = find_session(args.name)
     status = runtime_for(session.runtime).status(session.state_dir)
+    ready = 0 if all(n.ready for n in status.nodes) else 1  # scripts can test the status
     if args.output == "json":
         json.dump(status.to_dict(), sys.stdout, indent=2)
         print()
-        return 0
+        return ready
     if args.output == "table":
         sys.stdout.write(text(status))
-        return 0
+        return ready
     cluster = load_profile(status.profile).cluster
     views = {
         n.name: {d.id: DeviceView(d.health, d.reason, d.allocated_to) for d in n.devices}

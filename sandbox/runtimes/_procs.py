@@ -21,6 +21,12 @@ def proc_start_time(pid: int) -> str | None:
     return fields[19]  # starttime: field 22 of stat, 20th after the comm
 
 
+def same_process(pid: int, start: str | None) -> bool:
+    """``pid`` is still the process that had start time ``start`` (not a later one that
+    reuses its number); False when it is gone or nothing was recorded."""
+    return start is not None and proc_start_time(pid) == start
+
+
 def alive(pid: int, *, zombie: bool = False) -> bool:
     """Running; with ``zombie=True`` also an exited process nobody has reaped yet (its pid
     is still taken). A zombie child of ours is reaped first either way."""

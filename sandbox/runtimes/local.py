@@ -24,7 +24,7 @@ from sandbox.agent import first_line, log_tail, start_node, unmount, wait_node
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.fakehw.control import ControlClient
 from sandbox.profile.resolve import Cluster, NodeSpec
-from sandbox.runtimes._procs import alive, stop_pids
+from sandbox.runtimes._procs import proc_start_time, same_process, stop_pids
 from sandbox.runtimes.base import (
     DeviceStatus,
     NodeStatus,
@@ -91,6 +91,7 @@ class LocalRuntime:
                 "root": str(d / "root"), "socket": str(d / "control.sock"),
                 "kubelet_dir": str(d / "kubelet"), "status_file": str(d / "kubelet-status.json"),
                 "pids": {"kubelet": kubelets[node.name].pid},
+                "starts": {"kubelet": proc_start_time(kubelets[node.name].pid)},
             }
             write_record(state_dir, record)
         starting = {}
@@ -105,6 +106,7 @@ class LocalRuntime:
             info: dict[str, Any] = record["nodes"][node.name]
             try:
                 info["pids"]["mount"] = wait_node(starting[node.name])
+                info["starts"]["mount"] = proc_start_time(info["pids"]["mount"])
             except SandboxError as exc:
                 raise RuntimeBackendError(f"mount {node.name}", str(exc)) from exc
             write_record(state_dir, record)
@@ -117,6 +119,7 @@ class LocalRuntime:
             info["pids"]["plugin"] = _start(
                 [sys.executable, "-m", PLUGIN_MODULE, "--root", str(d / "root"),
                  "--kubelet-dir", str(d / "kubelet")], d / "plugin.log", ready_line=False).pid
+            info["starts"]["plugin"] = proc_start_time(info["pids"]["plugin"])
             write_record(state_dir, record)
         for node in cluster.nodes:
             self._wait_advertised(node, state_dir, progress)
@@ -162,7 +165,7 @@ class LocalRuntime:
         record = read_record(state_dir) or {}
         problems: list[str] = []
         nodes = record.get("nodes", {})
-        stop_pids([int(pid) for info in nodes.values() for pid in info.get("pids", {}).values()],
+        stop_pids([pid for info in nodes.values() for _what, pid in _ours(info)],
                   timeout=5.0, until_reaped=True)
         for name, info in nodes.items():
             root = Path(info.get("root", node_dir(state_dir, name) / "root"))
@@ -206,10 +209,16 @@ class LocalRuntime:
                 node.resources.append(ResourceStatus(
                     res_name, int(res.get("capacity", 0)), int(res.get("allocatable", 0)),
                     {int(k): int(v) for k, v in res.get("by_numa", {}).items() if k != "null"}))
+            running = {what for what, _pid in _ours(info)}
             for what, pid in info.get("pids", {}).items():
-                if not alive(int(pid), zombie=True):
+                if what not in running:
                     node.ready = False
                     node.notes.append(f"{what} process {pid} is not running")
+            if "kubelet" not in running and node.resources:
+                # What it last wrote is history: nothing advertises these now.
+                node.notes.append("kubelet harness down: its last advertised resources "
+                                  "are not shown")
+                node.resources = []
             out.nodes.append(node)
         return out
 
@@ -218,7 +227,22 @@ class LocalRuntime:
         info = record.get("nodes", {}).get(node)
         if info is None:
             raise SandboxError(f"no node {node!r} in sandbox {state_dir.name!r}")
-        os.kill(int(info["pids"]["kubelet"]), signal.SIGHUP)
+        pid = int(info.get("pids", {}).get("kubelet", 0))
+        if ("kubelet", pid) not in _ours(info):
+            raise SandboxError(f"{node}: the kubelet harness (pid {pid}) is not running; "
+                               "`sandbox down` and `sandbox up` again")
+        try:
+            os.kill(pid, signal.SIGHUP)
+        except ProcessLookupError as exc:
+            raise SandboxError(f"{node}: the kubelet harness exited just now") from exc
+
+
+def _ours(info: dict[str, Any]) -> list[tuple[str, int]]:
+    """The recorded processes that are still the ones we started: same pid AND same start
+    time, so a pid the kernel gave to another process since is never signalled."""
+    starts = info.get("starts", {})
+    return [(what, int(pid)) for what, pid in info.get("pids", {}).items()
+            if same_process(int(pid), starts.get(what))]
 
 
 def _advertisable(node: NodeSpec, plugged: int) -> int:
