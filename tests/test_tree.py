@@ -451,12 +451,14 @@ def test_num_vfs_state_overrides_the_profile() -> None:
     n = nic.nic
     assert n is not None
     pf = f"sys/bus/pci/devices/{nic.functions[0].address}"
-    for count in (0, n.total_vfs, n.total_vfs + 5):
+    for count in (0, n.total_vfs):
         tree = build_tree(node, {nic.id: DeviceState(num_vfs=count)})
-        shown = min(count, n.total_vfs)
-        assert text(tree, f"{pf}/sriov_numvfs") == f"{shown}\n"
+        assert text(tree, f"{pf}/sriov_numvfs") == f"{count}\n"
         present = [a for a in n.vf_addresses[0] if tree.get(f"sys/bus/pci/devices/{a}")]
-        assert present == list(n.vf_addresses[0][:shown])
+        assert present == list(n.vf_addresses[0][:count])
+    # Past sriov_totalvfs the kernel refuses the write; so does the builder (not a clamp).
+    with pytest.raises(ValueError, match=f"exceeds sriov_totalvfs {n.total_vfs}"):
+        build_tree(node, {nic.id: DeviceState(num_vfs=n.total_vfs + 5)})
     assert build_tree(node, {nic.id: DeviceState(num_vfs=n.num_vfs)}).digest() == \
         build_tree(node).digest()
 
