@@ -179,13 +179,16 @@ def _is_mountpoint(root: Path) -> bool:
 
 
 def start_server(
-    root: Path, *args: str, rebuild: str = "fakehw_toy:rebuild", timeout: float = 20.0
+    root: Path, *args: str, rebuild: str = "fakehw_toy:rebuild", timeout: float = 20.0,
+    wrapper: Sequence[str] = (),
 ) -> Server:
-    """Start a server on ``root`` and wait until it says it is mounted and listening."""
+    """Start a server on ``root`` and wait until it says it is mounted and listening.
+    ``wrapper`` prefixes the command (e.g. ``prlimit --nofile=1024``)."""
     require_fuse()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
     argv: Sequence[str] = [
+        *wrapper,
         sys.executable,
         "-m",
         "sandbox.fakehw.fs",

@@ -180,7 +180,21 @@ def test_control_fuzz_never_stops_the_server(server: Server) -> None:
         assert c.get()["ok"] is True
 
 
-def test_idle_connections_never_starve_other_clients(server: Server) -> None:
+@pytest.fixture
+def small_server(tmp_path: Path) -> Iterator[Server]:
+    """A server whose descriptor limit is the common default, 1,024, hard as well: it
+    cannot raise it, so 1,500 idle clients would exhaust it."""
+    srv = start_server(tmp_path / "root", wrapper=["prlimit", "--nofile=1024:1024", "--"])
+    try:
+        yield srv
+        assert srv.proc.poll() is None, "the server died"
+        assert srv.unmount() == 0
+    finally:
+        srv.cleanup()
+
+
+def test_idle_connections_never_starve_other_clients(small_server: Server) -> None:
+    server = small_server
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 4096:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(4096, hard), hard))
@@ -205,7 +219,10 @@ def test_idle_connections_never_starve_other_clients(server: Server) -> None:
 def test_many_concurrent_clients_all_succeed(server: Server) -> None:
     results: list[str] = []
 
+    start = threading.Barrier(200)
+
     def one() -> None:
+        start.wait()  # all at once: more than the old listen backlog of 64
         try:
             with ControlClient(server.socket, timeout=60) as c:
                 results.append("ok" if c.get()["ok"] else "refused")
