@@ -103,6 +103,9 @@ def create_device_nodes(tree: Tree, dev_dir: Path,
     _check_dev_dir(dev_dir)
     made: list[str] = []
     try:
+        # the directory itself is the caller's choice (checked above); what goes inside
+        # it is made relative to it, never following a link
+        dev_dir.mkdir(parents=True, exist_ok=True)
         top = os.open(dev_dir, _DIR_FLAGS)
     except OSError as exc:
         raise SandboxError(f"{dev_dir}: cannot open: {exc.strerror}") from exc
