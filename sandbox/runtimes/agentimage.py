@@ -1,0 +1,276 @@
+"""The sandbox image: our packages (``sandbox``, ``hwplugins``) on Debian's Python 3.11 + FUSE.
+
+Every pod the kind runtime deploys runs it (the agent serving each node's FUSE tree, our
+device plugin and DRA driver). Two ways to make it:
+
+- **offline** (when the agent rootfs tarball of ``kindimage`` is in the cache): an OCI
+  archive of three uncompressed layers written here, no Docker build and no registry:
+
+      1. the Debian rootfs (python3, libfuse3, fuse3) by mmdebstrap
+      2. the dependencies (``pip install --target``, cached by requirement set)
+      3. our two packages
+
+  loaded with ``kind load image-archive``. Node images from ``kindimage`` preload layers 1
+  and 2 (they list them in ``PRELOADED_LABEL``); the archive then carries only what the
+  node lacks (containerd imports a manifest whose other blobs it already has), so a
+  ``sandbox up`` ships a few MiB instead of ~300.
+- **registry** (otherwise, or with ``SANDBOX_AGENT_BASE``): ``docker build`` on
+  ``python:3.11-slim-bookworm`` (FUSE from apt) or the given base, loaded with ``kind load
+  docker-image``.
+
+The image's compiled dependencies come from this Python, so it must be 3.11 (Debian
+bookworm's and the slim image's). Everything lands in /opt/hw-sandbox/site (PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import RuntimeBackendError
+from sandbox.runtimes.kindimage import files_layer, tar_add
+
+Progress = Callable[[str], None]
+
+IMAGE = "hw-sandbox:latest"  # what the manifests name
+IMAGE_REF = "docker.io/library/hw-sandbox:latest"  # how containerd's CRI names it
+SITE = "opt/hw-sandbox/site"
+PRELOADED_LABEL = "dev.hwsandbox.preloaded-layers"  # on node images: blobs they carry
+REGISTRY_BASE = "python:3.11-slim-bookworm"
+ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+       f"PYTHONPATH=/{SITE}", "PYTHONDONTWRITEBYTECODE=1"]
+
+_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+_CONFIG = "application/vnd.oci.image.config.v1+json"
+_LAYER = "application/vnd.oci.image.layer.v1.tar"
+
+
+def cache_root() -> Path:
+    base = os.environ.get("HWSANDBOX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hw-sandbox")
+    return Path(base)
+
+
+# --- layers -----------------------------------------------------------------------------------
+
+def requirements() -> list[str]:
+    """The project's runtime dependencies (no extras), as pip requirement strings."""
+    reqs = metadata.requires("hw-sandbox") or []
+    return sorted(r for r in reqs if "extra ==" not in r)
+
+
+def _check_python() -> None:
+    if sys.version_info[:2] != (3, 11):
+        raise RuntimeBackendError(
+            "image", "the sandbox image runs Python 3.11 and its compiled dependencies are "
+            f"installed from this Python, which is {sys.version.split()[0]}: run the sandbox "
+            "from a Python 3.11")
+
+
+def deps_layer(progress: Progress) -> Path:
+    """Layer 2: the dependencies under /opt/hw-sandbox/site, as a deterministic tar."""
+    _check_python()
+    reqs = requirements()
+    key = hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:12]
+    out = cache_root() / "agent-image" / f"deps-py311-{key}.tar"
+    if out.is_file():
+        return out
+    progress(f"installing the image's Python dependencies ({len(reqs)} packages)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="hwsb-deps-", dir=out.parent) as tmp:
+        target = Path(tmp) / "site"
+        argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                "--no-compile", "--target", str(target), *reqs]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            raise RuntimeBackendError("image", f"pip install of the image's dependencies "
+                                      f"failed: {tail}")
+        files = {f"{SITE}/{p.relative_to(target).as_posix()}": p
+                 for p in sorted(target.rglob("*"))
+                 if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts}
+        partial = Path(tmp) / "layer.tar"
+        partial.write_bytes(files_layer(dict(files)))
+        partial.replace(out)
+    return out
+
+
+def package_layer() -> bytes:
+    """Layer 3: the ``sandbox`` and ``hwplugins`` packages as installed here."""
+    import hwplugins
+
+    import sandbox
+
+    files: dict[str, Path] = {}
+    for pkg in (sandbox, hwplugins):
+        top = Path(pkg.__file__ or "").parent
+        for path in sorted(top.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                files[f"{SITE}/{top.name}/{path.relative_to(top).as_posix()}"] = path
+    return files_layer(dict(files))
+
+
+# --- OCI archives -----------------------------------------------------------------------------
+
+def _digest(layer: Path | bytes) -> str:
+    if isinstance(layer, bytes):
+        return "sha256:" + hashlib.sha256(layer).hexdigest()
+    h = hashlib.sha256()
+    with layer.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def layer_digests(layers: list[Path | bytes]) -> list[str]:
+    """Digests of uncompressed layers (cached beside files: a rootfs is hashed once)."""
+    out = []
+    for layer in layers:
+        if isinstance(layer, Path):
+            stamp = layer.with_name(layer.name + ".sha256")
+            if stamp.is_file() and stamp.stat().st_mtime >= layer.stat().st_mtime:
+                out.append(stamp.read_text().strip())
+                continue
+            digest = _digest(layer)
+            stamp.write_text(digest + "\n")
+            out.append(digest)
+        else:
+            out.append(_digest(layer))
+    return out
+
+
+def write_archive(dest: Path, ref: str, layers: list[Path | bytes], config: dict[str, Any],
+                  omit: frozenset[str] = frozenset()) -> None:
+    """An OCI image archive of ``layers`` for ``ctr images import`` (what ``kind load
+    image-archive`` runs), named ``ref``; blobs in ``omit`` are left out (the importer
+    already has them)."""
+    digests = layer_digests(layers)
+    sizes = [len(x) if isinstance(x, bytes) else x.stat().st_size for x in layers]
+    image_config = json.dumps({
+        "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z",
+        "config": config, "rootfs": {"type": "layers", "diff_ids": digests},
+    }, sort_keys=True).encode()
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": _MANIFEST,
+        "config": {"mediaType": _CONFIG, "digest": _digest(image_config),
+                   "size": len(image_config)},
+        "layers": [{"mediaType": _LAYER, "digest": d, "size": s}
+                   for d, s in zip(digests, sizes, strict=True)],
+    }, sort_keys=True).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [{
+        "mediaType": _MANIFEST, "digest": _digest(manifest), "size": len(manifest),
+        "platform": {"architecture": "amd64", "os": "linux"},
+        "annotations": {"io.containerd.image.name": ref},
+    }]}, sort_keys=True).encode()
+    blobs: list[tuple[str, Path | bytes]] = [(_digest(image_config), image_config),
+                                             (_digest(manifest), manifest)]
+    blobs += [(d, x) for d, x in zip(digests, layers, strict=True) if d not in omit]
+    with tarfile.open(dest, "w") as tar:
+        tar_add(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
+        tar_add(tar, "index.json", index)
+        for digest, data in blobs:
+            tar_add(tar, f"blobs/sha256/{digest.split(':', 1)[1]}", data)
+
+
+# --- the image --------------------------------------------------------------------------------
+
+@dataclass
+class AgentImage:
+    """How to get the image into the nodes: an archive for ``kind load image-archive``,
+    or a Docker image for ``kind load docker-image``."""
+
+    archive: Path | None
+    ref: str
+    shipped_bytes: int  # what the load sends to each node
+
+    @property
+    def shipped(self) -> str:
+        size = self.shipped_bytes
+        return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 1024:.0f} KiB"
+
+
+def offline_layers(progress: Progress) -> list[Path | bytes] | None:
+    """Layers 1 and 2 when the agent rootfs is cached (else None: use the registry way)."""
+    from sandbox.runtimes.kindimage import AGENT_PACKAGES, cached_rootfs
+
+    rootfs = cached_rootfs("agent", AGENT_PACKAGES)
+    if rootfs is None:
+        return None
+    return [rootfs, deps_layer(progress)]
+
+
+def build(progress: Progress, work: Path, preloaded: frozenset[str]) -> AgentImage:
+    """The sandbox image for ``kind load``; ``work`` holds a written archive."""
+    base = offline_layers(progress) if not os.environ.get("SANDBOX_AGENT_BASE") else None
+    if base is None:
+        return _docker_build(progress)
+    layers = [*base, package_layer()]
+    archive = work / "hw-sandbox-image.oci.tar"
+    write_archive(archive, IMAGE_REF, layers,
+                  {"Env": ENV, "Labels": {"app.kubernetes.io/part-of": "hw-sandbox"}},
+                  omit=preloaded)
+    shipped = sum(len(x) if isinstance(x, bytes) else x.stat().st_size
+                  for x, d in zip(layers, layer_digests(layers), strict=True)
+                  if d not in preloaded)
+    return AgentImage(archive, IMAGE_REF, shipped)
+
+
+def dockerfile(base: str, ready_base: bool) -> str:
+    lines = [f"FROM {base}"]
+    if not ready_base:
+        lines.append("RUN apt-get update && apt-get install -y --no-install-recommends fuse3 "
+                     "libfuse3-3 && rm -rf /var/lib/apt/lists/*")
+    lines += ["COPY site /opt/hw-sandbox/site",
+              *(f"ENV {e}" for e in ENV[1:]),
+              'LABEL app.kubernetes.io/part-of="hw-sandbox"']
+    return "\n".join(lines) + "\n"
+
+
+def _docker_build(progress: Progress) -> AgentImage:
+    import docker
+
+    from sandbox.runtimes.kindimage import AGENT_BASE_LABEL
+
+    client = docker.from_env(timeout=120)
+    base = os.environ.get("SANDBOX_AGENT_BASE") or REGISTRY_BASE
+    try:
+        ready = (client.images.get(base).labels or {}).get(AGENT_BASE_LABEL) == "ready"
+    except Exception:  # noqa: BLE001 - not here (yet): the build pulls it
+        ready = False
+    deps = deps_layer(progress)
+    pkg = package_layer()
+    text = dockerfile(base, ready)
+    tag = "hw-sandbox:" + hashlib.sha256(
+        text.encode() + deps.name.encode() + pkg).hexdigest()[:16]
+    try:
+        image = client.images.get(tag)
+    except Exception:  # noqa: BLE001 - not built yet
+        progress(f"building the sandbox image on {base}")
+        with tempfile.TemporaryDirectory(prefix="hwsb-image-") as ctx:
+            for layer in (deps.read_bytes(), pkg):
+                with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+                    tar.extractall(Path(ctx) / "layers", filter="tar")
+            shutil.move(str(Path(ctx) / "layers" / SITE), Path(ctx) / "site")
+            (Path(ctx) / "Dockerfile").write_text(text)
+            try:
+                image, _logs = client.images.build(path=ctx, tag=tag, rm=True)
+            except Exception as exc:  # noqa: BLE001 - docker raises many types
+                raise RuntimeBackendError(
+                    "image", f"docker build on {base} failed: {str(exc).strip()} (with no "
+                    "registry, build the offline base first: scripts/build-kind-node-image)"
+                ) from exc
+    image.tag(IMAGE)
+    size = int(image.attrs.get("Size", 0))
+    return AgentImage(None, IMAGE, size)
