@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from sandbox.profile import load_profile
-from sandbox.runtimes.kindconfig import kind_config, kind_config_text
+from sandbox.runtimes.kindconfig import HostFacts, kind_config, kind_config_text
 from tests.gotools import go_install
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = sorted((ROOT / "profiles").glob("*.yaml"))
-KIND_VERSION = "v0.30.0"  # the last kind release that runs on cgroup v1 hosts
+KIND_VERSION = "v0.32.0"  # writes kubeadm v1beta4 (1.36+); warns, not refuses, on cgroup v1
 
 STUB_DOCKER = """#!/bin/sh
 case "$1" in
@@ -93,3 +93,22 @@ def test_one_kind_node_per_replica_plus_control_plane() -> None:
     doc = kind_config(cluster, "g", Path("/run/hw-sandbox/g"))
     assert [n["role"] for n in doc["nodes"]] == ["control-plane", "worker"]
     assert "enable_cdi = true" in doc["containerdConfigPatches"][0]
+
+
+def test_kind_accepts_host_patches(kind: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """cgroup v1 (failCgroupV1: false), no CAP_SYS_RESOURCE (restrict_oom_score_adj) and the
+    minimal node image (no default CNI) all pass kind's loader."""
+    cluster = load_profile(ROOT / "profiles" / "workshop-mixed.yaml").cluster
+    facts = HostFacts(cgroup_v1=True, restrict_oom=True, minimal=True)
+    doc = kind_config(cluster, "hwsb", Path("/run/hw-sandbox/hwsb"), "img:1", facts)
+    assert doc["networking"] == {"disableDefaultCNI": True}
+    assert "failCgroupV1: false" in doc["kubeadmConfigPatches"][-1]
+    assert "restrict_oom_score_adj = true" in doc["containerdConfigPatches"][-1]
+    assert {n["image"] for n in doc["nodes"]} == {"img:1"}
+    config = tmp_path / "kind.yaml"
+    config.write_text(yaml.safe_dump(doc))
+    stderr = _create(kind, config)
+    assert "STUB-DOCKER: stopped at: network" in stderr, stderr
+    plain = kind_config(cluster, "hwsb", Path("/run/hw-sandbox/hwsb"))
+    assert "networking" not in plain
+    assert not any("failCgroupV1" in p for p in plain["kubeadmConfigPatches"])

@@ -24,7 +24,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "up",
         help="start a sandbox from a hardware profile",
         description="Start every node of PROFILE with its fake hardware and device plugins. "
-        "Runtimes: kind (default where a Docker daemon, kind and a node image are present), "
+        "Runtimes: kind (default where a Docker daemon answers and kind is on PATH; node "
+        "image from SANDBOX_KIND_IMAGE, else hw-sandbox/kind-node:v1.37.2 if built by "
+        "scripts/build-kind-node-image, else kind's default; see docs/kind-runtime.md), "
         "local (FUSE trees + the reference device plugin + a kubelet harness; works on any "
         "Linux with FUSE, no Kubernetes), native (a real single-node Kubernetes built from "
         "source; see docs/native-runtime.md). State lives in "
@@ -64,12 +66,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         runtime.up(loaded.cluster, os.path.abspath(args.profile), state_dir, progress)
     except (SandboxError, KeyboardInterrupt) as exc:
+        hint = ""
         if args.retain:
             print(f"keeping {state_dir} (--retain); clean up with `sandbox down --name {name}`",
                   file=sys.stderr)
         elif not (state_dir / STATE_MARKER).is_file():
             pass  # nothing of ours was created there: nothing to undo, nothing to remove
         else:
+            hint = "; everything it made was removed (rerun with --retain to keep it)"
             progress("failed; cleaning up")
             try:
                 runtime.down(state_dir, lambda _m: None)
@@ -78,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
         if isinstance(exc, KeyboardInterrupt):
             raise
         if isinstance(exc, RuntimeBackendError):
-            raise SandboxError(f"sandbox up failed at step {exc.step!r}: {exc.message}") from exc
-        raise SandboxError(f"sandbox up failed: {exc}") from exc
+            raise SandboxError(f"sandbox up failed at step {exc.step!r}: {exc.message}"
+                               f"{hint}") from exc
+        raise SandboxError(f"sandbox up failed: {exc}{hint}") from exc
     elapsed = time.monotonic() - started
     print(f"sandbox {name!r} is up ({runtime.name} runtime, {elapsed:.1f}s). Next:\n"
           f"  sandbox status             what the kubelet sees\n"

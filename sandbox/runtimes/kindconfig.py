@@ -9,6 +9,7 @@ repository's ``kind-config/``) so an installed sandbox finds them.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,24 @@ def _fill(obj: Any, values: dict[str, str]) -> Any:
     return obj
 
 
+@dataclass(frozen=True)
+class HostFacts:
+    """What the Docker host and the node image need from the generated config.
+
+    ``cgroup_v1``: the host runs cgroup v1; kubelet >= 1.35 refuses it unless told
+    ``failCgroupV1: false``. ``restrict_oom``: the host cannot grant CAP_SYS_RESOURCE, so
+    containerd in the node must not lower oom_score_adj (what kind does when rootless).
+    ``minimal``: the node image is the minimal shape (no CNI daemon, no CoreDNS; see
+    sandbox/runtimes/kindimage.py), so kind must not install its default CNI.
+    """
+
+    cgroup_v1: bool = False
+    restrict_oom: bool = False
+    minimal: bool = False
+
+
 def kind_config(cluster: Cluster, name: str, host_state_dir: Path,
-                image: str | None = None) -> dict[str, Any]:
+                image: str | None = None, host: HostFacts = HostFacts()) -> dict[str, Any]:
     """The kind Cluster document for ``cluster``; node host dirs live under the state dir."""
     base: dict[str, Any] = yaml.safe_load(_template("cluster.yaml"))
     node_tmpl: dict[str, Any] = yaml.safe_load(_template("node.yaml"))
@@ -63,9 +80,18 @@ def kind_config(cluster: Cluster, name: str, host_state_dir: Path,
             node["image"] = image
     # kind orders control planes first when naming; keep the document in that order too.
     config["nodes"] = sorted(nodes, key=lambda n: 0 if n["role"] == "control-plane" else 1)
+    if host.cgroup_v1:
+        config.setdefault("kubeadmConfigPatches", []).append(
+            "kind: KubeletConfiguration\nfailCgroupV1: false\n")
+    if host.restrict_oom:
+        config.setdefault("containerdConfigPatches", []).append(
+            '[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true')
+    if host.minimal:
+        config["networking"] = {**config.get("networking", {}), "disableDefaultCNI": True}
     return config
 
 
 def kind_config_text(cluster: Cluster, name: str, host_state_dir: Path,
-                     image: str | None = None) -> str:
-    return yaml.safe_dump(kind_config(cluster, name, host_state_dir, image), sort_keys=False)
+                     image: str | None = None, host: HostFacts = HostFacts()) -> str:
+    return yaml.safe_dump(kind_config(cluster, name, host_state_dir, image, host),
+                          sort_keys=False)
