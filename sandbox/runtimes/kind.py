@@ -304,15 +304,14 @@ class KindRuntime:
         api = _api(kubeconfig)
         if facts.minimal:
             _scale_coredns_to_zero(api)
-        # -- agent
-        progress("deploying the fake-hardware agent")
+        # -- agent, plugins: created together (the plugin rescans every second and finds
+        # the tree once the agent has mounted it; its mount sees the tree appear)
+        progress("deploying the fake-hardware agent and the reference device plugin")
         docs = agent_manifests(cluster, Path(profile_path).read_text())
         _create(api, docs, "agent")
-        self._wait_agents(api, cluster, state_dir, progress)
-        # -- plugins
-        progress("deploying the reference device plugin")
         _create(api, list(yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text())),
                 "plugins")
+        self._wait_agents(api, cluster, state_dir, progress)
         self._wait_plugins(api, cluster, progress)
 
     def _wait_agents(self, api: Any, cluster: Cluster, state_dir: Path,
@@ -340,7 +339,7 @@ class KindRuntime:
                     "agent", f"the agent did not serve {', '.join(sorted(pending))} within "
                     f"{AGENT_TIMEOUT:.0f}s; see `kubectl -n {AGENT_NAMESPACE} logs "
                     "-l app.kubernetes.io/name=hw-sandbox-agent` (KUBECONFIG in the state dir)")
-            time.sleep(0.5)
+            time.sleep(0.25)
 
     def _wait_plugins(self, api: Any, cluster: Cluster, progress: Progress) -> None:
         from sandbox.runtimes.local import _advertisable
@@ -365,7 +364,7 @@ class KindRuntime:
                     "plugins", f"no extended resource on {', '.join(sorted(want))} within "
                     f"{PLUGIN_TIMEOUT:.0f}s; see `kubectl -n kube-system logs "
                     "-l app.kubernetes.io/name=hw-sandbox-device-plugin`")
-            time.sleep(0.5)
+            time.sleep(0.25)
 
     def down(self, state_dir: Path, progress: Progress) -> None:
         record = read_record(state_dir) or {}
