@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import RuntimeBackendError
-from sandbox.runtimes.kindimage import files_layer, tar_add
+from sandbox.runtimes.kindimage import cache_root, files_layer, tar_add
 
 Progress = Callable[[str], None]
 
@@ -55,12 +55,6 @@ ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 _MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 _CONFIG = "application/vnd.oci.image.config.v1+json"
 _LAYER = "application/vnd.oci.image.layer.v1.tar"
-
-
-def cache_root() -> Path:
-    base = os.environ.get("HWSANDBOX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hw-sandbox")
-    return Path(base)
 
 
 # --- layers -----------------------------------------------------------------------------------

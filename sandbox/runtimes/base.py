@@ -112,6 +112,19 @@ class Runtime(Protocol):
     def restart_kubelet(self, state_dir: Path, node: str) -> None: ...
 
 
+def device_statuses(devices: dict[str, dict[str, Any]]) -> list[DeviceStatus]:
+    """What a node's control socket says of its devices (``ControlClient.devices``), as
+    the statuses ``sandbox status`` shows."""
+    out = []
+    for dev_id, dev in devices.items():
+        state = dev.get("state", {})
+        health = "unplugged" if not state.get("plugged", True) else str(state.get("health"))
+        out.append(DeviceStatus(dev_id, dev.get("kind", ""), dev.get("model", ""),
+                                int(dev.get("numa_node", -1)), dev.get("pci_address", ""),
+                                health, state.get("reason")))
+    return out
+
+
 def write_record(state_dir: Path, record: dict[str, Any]) -> None:
     """Save the record; the first write creates the state dir and marks it as ours."""
     if not (state_dir / STATE_MARKER).is_file():

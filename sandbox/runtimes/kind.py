@@ -42,11 +42,11 @@ from sandbox.profile.resolve import Cluster
 from sandbox.runtimes import agentimage
 from sandbox.runtimes.agentimage import IMAGE, PRELOADED_LABEL
 from sandbox.runtimes.base import (
-    DeviceStatus,
     NodeStatus,
     Progress,
     ResourceStatus,
     SandboxStatus,
+    device_statuses,
     read_record,
     remove_state_dir,
     write_record,
@@ -213,17 +213,15 @@ class KindRuntime:
     name = "kind"
 
     def node_image(self) -> tuple[str, bool]:
-        """(image, present locally): SANDBOX_KIND_IMAGE, our built one, kind's default."""
+        """(image, present locally): SANDBOX_KIND_IMAGE, else our built one if present,
+        else ("", False): kind's default, pulled by kind."""
         explicit = os.environ.get("SANDBOX_KIND_IMAGE")
-        client = _docker()
-        for candidate in ([explicit] if explicit else [NODE_IMAGE]):
-            try:
-                client.images.get(candidate)
-                return candidate, True
-            except Exception:  # noqa: BLE001 - not present
-                if explicit:
-                    return explicit, False
-        return "", False  # kind's default, pulled by kind
+        candidate = explicit or NODE_IMAGE
+        try:
+            _docker().images.get(candidate)
+        except Exception:  # noqa: BLE001 - not present
+            return (explicit, False) if explicit else ("", False)
+        return candidate, True
 
     def unavailable_reason(self) -> str | None:
         if shutil.which("kind") is None:
@@ -426,15 +424,7 @@ class KindRuntime:
                 except (SandboxError, OSError) as exc:
                     node.notes.append(f"fake hardware server not answering: {exc}")
                     devices = {}
-                for dev_id, dev in devices.items():
-                    state = dev.get("state", {})
-                    health = ("unplugged" if not state.get("plugged", True)
-                              else str(state.get("health")))
-                    node.devices.append(DeviceStatus(dev_id, dev.get("kind", ""),
-                                                     dev.get("model", ""),
-                                                     int(dev.get("numa_node", -1)),
-                                                     dev.get("pci_address", ""), health,
-                                                     state.get("reason")))
+                node.devices.extend(device_statuses(devices))
             out.nodes.append(node)
         return out
 

@@ -26,11 +26,11 @@ from sandbox.fakehw.control import ControlClient
 from sandbox.profile.resolve import Cluster, NodeSpec
 from sandbox.runtimes._procs import proc_start_time, same_process, stop_pids
 from sandbox.runtimes.base import (
-    DeviceStatus,
     NodeStatus,
     Progress,
     ResourceStatus,
     SandboxStatus,
+    device_statuses,
     read_record,
     remove_state_dir,
     write_record,
@@ -197,13 +197,7 @@ class LocalRuntime:
                 node.ready = False
                 node.notes.append(f"fake hardware server not answering: {exc}")
                 devices = {}
-            for dev_id, dev in devices.items():
-                state = dev.get("state", {})
-                health = "unplugged" if not state.get("plugged", True) else state.get("health")
-                node.devices.append(DeviceStatus(dev_id, dev.get("kind", ""), dev.get("model", ""),
-                                                 int(dev.get("numa_node", -1)),
-                                                 dev.get("pci_address", ""), str(health),
-                                                 state.get("reason")))
+            node.devices.extend(device_statuses(devices))
             status = _read_json(Path(info["status_file"]))
             for res_name, res in sorted(status.get("resources", {}).items()):
                 node.resources.append(ResourceStatus(
