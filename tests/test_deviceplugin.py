@@ -39,7 +39,12 @@ def _start_plugin(root: Path, kubelet_dir: Path, *extra: str) -> subprocess.Pope
 
 def _stop_plugin(proc: subprocess.Popen[bytes]) -> str:
     proc.terminate()
-    out, _ = proc.communicate(timeout=10)
+    try:
+        out, _ = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail("plugin ignored SIGTERM for 10 s:\n" + out.decode(errors="replace"))
     text = out.decode(errors="replace")
     assert proc.returncode == 0, f"plugin did not exit cleanly:\n{text}"
     return text

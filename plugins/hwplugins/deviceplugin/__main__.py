@@ -95,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --kubelet-dir {args.kubelet_dir} is not a directory", file=sys.stderr)
         return 2
     stop = threading.Event()
+    signals: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        logging.getLogger("hwplugins.deviceplugin").info("signal %d: stopping", signum)
+        # Only set flags here: logging from a signal handler can re-enter the stderr
+        # writer the main thread is in the middle of ("reentrant call") and kill the stop.
+        signals.append(signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -113,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         socket_prefix=args.socket_prefix,
         stop=stop,
     )
+    if signals:
+        logging.getLogger("hwplugins.deviceplugin").info("signal %d: stopped", signals[0])
     return 0
 
 

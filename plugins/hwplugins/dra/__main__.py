@@ -97,9 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_kubelet_plugin:
         plugin = KubeletPlugin(driver, args.plugins_dir, args.registry_dir)
     stop = threading.Event()
+    signals: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
+        # Only set flags here: logging from a signal handler can re-enter the stderr
+        # writer the main thread is in the middle of ("reentrant call").
+        signals.append(signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     except ServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if signals:
+        log.info("signal %d: stopped", signals[0])
     return 0
 
 
