@@ -333,3 +333,20 @@ def test_raw_socket_protocol(server: Server) -> None:
         first, second = json.loads(f.readline()), json.loads(f.readline())
         f.close()
     assert (first["id"], second["id"]) == (1, 2)
+
+
+def test_per_port_vf_counts_survive_the_state_file() -> None:
+    from sandbox.fakehw.live import Change, next_state, state_from_json, state_to_json
+    from sandbox.fakehw.tree import DeviceState
+
+    s = next_state(DeviceState(), Change("set-vfs", "nic0", num_vfs=2))
+    s = next_state(s, Change("set-vfs", "nic0", num_vfs=5, port=1))
+    assert (s.vfs_of(0), s.vfs_of(1)) == (2, 5)
+    assert state_from_json(json.loads(json.dumps(state_to_json(s))), "nic0") == s
+    assert "port_vfs" not in state_to_json(DeviceState())  # unchanged for older readers
+    s = next_state(s, Change("set-vfs", "nic0", num_vfs=0))  # no port: every function
+    assert (s.vfs_of(0), s.vfs_of(1), s.port_vfs) == (0, 0, ())
+    with pytest.raises(ControlError, match="port_vfs"):
+        state_from_json({"port_vfs": {"x": 1}}, "nic0")
+    with pytest.raises(ControlError, match=r"set-vfs: port: expected an integer 0\.\.255"):
+        parse_request({"v": 1, "op": "set-vfs", "device": "nic0", "num_vfs": 1, "port": 300})

@@ -215,3 +215,41 @@ def test_set_vfs_past_totalvfs_is_refused(tmp_path: Path) -> None:
             assert c.set_vfs(nic["id"], total)["ok"]
     finally:
         unmount(root)
+
+
+def test_set_vfs_targets_one_port_of_a_dual_port_card(tmp_path: Path) -> None:
+    """The kernel has one sriov_numvfs per physical function: --port sets one of them."""
+    require_fuse()
+    root = tmp_path / "root"
+    result = sandbox("mount", str(ROOT / "profiles" / "sriov-rdma.yaml"), "--node",
+                     "net-worker", str(root), "--daemon")
+    assert result.returncode == 0, result.stderr
+    sock = f"{root}.sock"
+    try:
+        with ControlClient(sock) as c:
+            nic = next(d for d in c.devices().values() if d["kind"] == "nic")
+        pf0 = root / "sys/bus/pci/devices" / nic["pci_address"]
+        pf1 = pf0.parent / (nic["pci_address"][:-1] + "1")
+        before = (pf0 / "sriov_numvfs").read_text()
+
+        def virtfns(pf: Path) -> int:
+            return sum(1 for p in pf.iterdir() if p.name.startswith("virtfn"))
+
+        fault = ("fault", "--socket", sock, "set-vfs", "net-worker", nic["id"])
+        result = sandbox(*fault, "3", "--port", "1")
+        assert result.returncode == 0, result.stderr
+        assert (pf1 / "sriov_numvfs").read_text() == "3\n"
+        assert virtfns(pf1) == 3
+        assert (pf0 / "sriov_numvfs").read_text() == before  # the other port is untouched
+        assert virtfns(pf0) == int(before)
+
+        result = sandbox(*fault, "2", "--port", "2")  # a dual-port card has ports 0 and 1
+        assert result.returncode == 1
+        assert "has 2 port(s), no port 2" in result.stderr
+        assert (pf1 / "sriov_numvfs").read_text() == "3\n"  # refused: nothing changed
+
+        assert sandbox(*fault, "1").returncode == 0  # no --port: every physical function
+        assert (pf0 / "sriov_numvfs").read_text() == "1\n"
+        assert (pf1 / "sriov_numvfs").read_text() == "1\n"
+    finally:
+        unmount(root)

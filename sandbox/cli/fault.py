@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     v.add_argument("node")
     v.add_argument("device")
     v.add_argument("num_vfs", type=int)
+    v.add_argument("--port", type=int, metavar="N",
+                   help="only physical function N (0-based) of a multi-port card, as the "
+                   "kernel has one sriov_numvfs per function; default: every port")
     ls = verbs.add_parser("list", help="devices and their state, per node")
     ls.add_argument("node", nargs="?")
     ls.add_argument("-o", "--output", choices=("table", "json"), default="table")
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         elif action == "plug":
             reply = client.plug(args.device)
         elif action == "set-vfs":
-            reply = client.set_vfs(args.device, args.num_vfs)
+            reply = client.set_vfs(args.device, args.num_vfs, args.port)
         elif action == "watch":
             for event in client.watch():
                 print(json.dumps(event), flush=True)

@@ -260,7 +260,7 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
         if state is not None and not present(state):
             continue
         pf = plan.physfn.get(addr)
-        if pf is not None and plan.vf_index[addr] >= vf_counts.get(owner or "", 0):
+        if pf is not None and plan.vf_index[addr] >= vf_counts.get(pf, 0):
             continue
         path = plan.paths[addr]
         out[addr] = path
@@ -341,9 +341,8 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
     for pf_addr, vfs in plan.pf_vfs.items():
         if pf_addr not in out:
             continue
-        dev_id = plan.owner[pf_addr]
         vf_device = plan.vf_device.get(pf_addr, 0)
-        n = vf_counts.get(dev_id, 0)
+        n = vf_counts.get(pf_addr, 0)
         pf_path = out[pf_addr]
         ctx.files(
             pf_path,

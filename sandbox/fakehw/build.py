@@ -89,7 +89,9 @@ def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
     ctx = Ctx(node, states)
     ctx.graft(static.system)
     plan = static.plan
-    vf_counts = {d.id: _vf_count(d, ctx.states[d.id]) for d in node.devices}
+    vf_counts: dict[str, int] = {}  # physical function address -> VFs enabled on it
+    for d in node.devices:
+        vf_counts.update(_vf_counts(d, ctx.states[d.id]))
     pci = _pci.add_pci(ctx, plan, vf_counts)
     ctx.pci_dirs = pci
     gpus = [d for d in node.devices if d.kind == "gpu" and d.gpu is not None]
@@ -107,7 +109,7 @@ def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
             _gpu.add_drm(ctx, d.gpu.minor, d.address, fn)
             if d.vendor == "amd":
                 _gpu.add_amd_attrs(ctx, d, fn)
-            for v in range(vf_counts.get(d.id, 0)):
+            for v in range(vf_counts.get(d.address, 0)):
                 vf = d.gpu.vf_addresses[v]
                 _gpu.add_drm(ctx, vf_minor + v, vf, pci[vf])
         vf_minor += d.gpu.total_vfs
@@ -130,19 +132,28 @@ def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
     return ctx.tree
 
 
-def _vf_count(dev: DeviceSpec, state: DeviceState) -> int:
-    """VFs enabled: the state's count, else the profile's. ValueError (the control API's
-    refusal) for a count on a device without SR-IOV or past its sriov_totalvfs."""
+def _vf_counts(dev: DeviceSpec, state: DeviceState) -> dict[str, int]:
+    """VFs enabled per physical function: the port's count, else the device's, else the
+    profile's. ValueError (the control API's refusal) for a count on a device without
+    SR-IOV, on a port it does not have, or past its sriov_totalvfs."""
     info = _pci.vf_info(dev)
-    if state.num_vfs is not None:  # as the kernel refuses writes to sriov_numvfs
+    if state.num_vfs is not None or state.port_vfs:  # as the kernel refuses the write
         if info is None:
             raise ValueError(f"{dev.id} has no SR-IOV (no sriov_numvfs)")
-        if not 0 <= state.num_vfs <= info.total:
-            raise ValueError(f"num_vfs {state.num_vfs} exceeds sriov_totalvfs {info.total}")
+        for port, _ in state.port_vfs:
+            if port >= len(dev.functions):
+                raise ValueError(f"{dev.id} has {len(dev.functions)} port(s), no port {port}")
+        for port in range(len(dev.functions)):
+            n = state.vfs_of(port)
+            if n is not None and not 0 <= n <= info.total:
+                raise ValueError(f"num_vfs {n} exceeds sriov_totalvfs {info.total}")
     if info is None or not present(state):
-        return 0
-    wanted = info.enabled if state.num_vfs is None else state.num_vfs
-    return max(0, min(wanted, info.total))
+        return {}
+    out = {}
+    for port, pf in enumerate(dev.functions):
+        n = state.vfs_of(port)
+        out[pf.address] = max(0, min(info.enabled if n is None else n, info.total))
+    return out
 
 
 def _base_devices(ctx: Ctx) -> None:

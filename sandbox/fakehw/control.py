@@ -59,9 +59,10 @@ _OP_KEYS: dict[str, frozenset[str]] = {
     "health": frozenset({"device", "health", "reason"}),
     "unplug": frozenset({"device"}),
     "plug": frozenset({"device"}),
-    "set-vfs": frozenset({"device", "num_vfs"}),
+    "set-vfs": frozenset({"device", "num_vfs", "port"}),
 }
 MAX_VFS = 4096
+MAX_PORT = 255  # physical functions of one device (a PCI device has at most 256)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,12 @@ def parse_request(obj: object) -> Request:
         n = obj.get("num_vfs")
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_VFS:
             raise ControlError(f"set-vfs: num_vfs: expected an integer 0..{MAX_VFS}")
-        return Request(op, rid, Change("set-vfs", device, num_vfs=n))
+        port = obj.get("port")
+        if port is not None and (
+            not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= MAX_PORT
+        ):
+            raise ControlError(f"set-vfs: port: expected an integer 0..{MAX_PORT}")
+        return Request(op, rid, Change("set-vfs", device, num_vfs=n, port=port))
     return Request(op, rid, Change(change_op, device))
 
 
@@ -605,8 +611,10 @@ class ControlClient:
     def plug(self, device: str) -> dict[str, Any]:
         return self.request("plug", device=device)
 
-    def set_vfs(self, device: str, num_vfs: int) -> dict[str, Any]:
-        return self.request("set-vfs", device=device, num_vfs=num_vfs)
+    def set_vfs(self, device: str, num_vfs: int, port: int | None = None) -> dict[str, Any]:
+        if port is None:
+            return self.request("set-vfs", device=device, num_vfs=num_vfs)
+        return self.request("set-vfs", device=device, num_vfs=num_vfs, port=port)
 
     def watch(self) -> Iterator[dict[str, Any]]:
         """Start watching; returns an iterator of events, one per committed change, that

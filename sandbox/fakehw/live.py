@@ -68,6 +68,7 @@ class Change:
     health: Health | None = None
     reason: Reason | None = None
     num_vfs: int | None = None
+    port: int | None = None  # set-vfs: one physical function (0-based) instead of all
 
     def __post_init__(self) -> None:
         if self.op == "health":
@@ -79,6 +80,8 @@ class Change:
                 raise ControlError("health: an unhealthy device needs a reason")
         if self.op == "set-vfs" and (self.num_vfs is None or self.num_vfs < 0):
             raise ControlError("set-vfs: num_vfs must be a non-negative integer")
+        if self.port is not None and (self.op != "set-vfs" or self.port < 0):
+            raise ControlError("port: only set-vfs takes a port, a non-negative integer")
 
 
 def next_state(state: DeviceState, change: Change) -> DeviceState:
@@ -97,7 +100,12 @@ def next_state(state: DeviceState, change: Change) -> DeviceState:
         if state.reason is Reason.REMOVED:
             return replace(state, plugged=True, health=Health.HEALTHY, reason=None)
         return replace(state, plugged=True)
-    return replace(state, num_vfs=change.num_vfs)
+    if change.port is None:  # every physical function
+        return replace(state, num_vfs=change.num_vfs, port_vfs=())
+    assert change.num_vfs is not None
+    ports = dict(state.port_vfs)
+    ports[change.port] = change.num_vfs
+    return replace(state, port_vfs=tuple(sorted(ports.items())))
 
 
 @dataclass(frozen=True)
@@ -281,12 +289,15 @@ class LiveTree:
 
 # -- state files ------------------------------------------------------------------------
 def state_to_json(state: DeviceState) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "health": state.health.value,
         "reason": state.reason.value if state.reason else None,
         "plugged": state.plugged,
         "num_vfs": state.num_vfs,
     }
+    if state.port_vfs:  # only once a port was set apart: older readers see what they knew
+        out["port_vfs"] = {str(p): n for p, n in state.port_vfs}
+    return out
 
 
 def state_from_json(obj: object, where: str) -> DeviceState:
@@ -304,7 +315,18 @@ def state_from_json(obj: object, where: str) -> DeviceState:
         raise ControlError(f"{where}.plugged: expected true or false")
     if num_vfs is not None and (not isinstance(num_vfs, int) or isinstance(num_vfs, bool)):
         raise ControlError(f"{where}.num_vfs: expected an integer or null")
-    return DeviceState(health=health, reason=reason, plugged=plugged, num_vfs=num_vfs)
+    raw_ports = obj.get("port_vfs", {})
+    if not isinstance(raw_ports, dict):
+        raise ControlError(f"{where}.port_vfs: expected an object of port -> count")
+    ports: dict[int, int] = {}
+    for key, n in raw_ports.items():
+        if not (isinstance(key, str) and key.isdigit() and len(key) <= 3):
+            raise ControlError(f"{where}.port_vfs: {key!r}: expected a port number")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ControlError(f"{where}.port_vfs.{key}: expected a non-negative integer")
+        ports[int(key)] = n
+    return DeviceState(health=health, reason=reason, plugged=plugged, num_vfs=num_vfs,
+                       port_vfs=tuple(sorted(ports.items())))  # fmt: skip
 
 
 def save_states(path: Path, states: Mapping[str, DeviceState]) -> None:

@@ -51,11 +51,12 @@ MAX_SECONDS = 7 * 24 * 3600.0  # at, every, over
 MAX_ACTIONS = 100_000  # every change of every step, repeats and storms included
 MAX_SEED = 2**64
 MAX_VFS = 4096  # as the control API
+MAX_PORT = 255
 _STEP_KEYS = {
     "health": {"device", "health", "reason"},
     "unplug": {"device"},
     "plug": {"device"},
-    "set-vfs": {"device", "num_vfs"},
+    "set-vfs": {"device", "num_vfs", "port"},
     "storm": {"changes", "over", "devices", "ops", "seed", "max_vfs"},
 }
 _COMMON = {"at", "do", "repeat", "every", "expect"}
@@ -277,6 +278,9 @@ def _check_op_args(op: str, raw: Mapping[str, Any], where: str, bad: _Problems) 
         n = raw.get("num_vfs")
         if not _int(n) or not 0 <= n <= MAX_VFS:
             bad(f"{where}.num_vfs", f"expected an integer 0..{MAX_VFS}")
+        port = raw.get("port")
+        if port is not None and (not _int(port) or not 0 <= port <= MAX_PORT):
+            bad(f"{where}.port", f"expected an integer 0..{MAX_PORT}")
 
 
 def _check_storm(raw: Mapping[str, Any], where: str, bad: _Problems) -> None:
@@ -332,7 +336,7 @@ def _change(op: str, args: Mapping[str, Any]) -> Change:
         r = Reason(args["reason"]) if args.get("reason") is not None else None
         return Change("health", args["device"], health=h, reason=r)
     if op == "set-vfs":
-        return Change("set-vfs", args["device"], num_vfs=args["num_vfs"])
+        return Change("set-vfs", args["device"], num_vfs=args["num_vfs"], port=args.get("port"))
     if op == "unplug":
         return Change("unplug", args["device"])
     return Change("plug", args["device"])
@@ -405,6 +409,8 @@ def _request(change: Change) -> dict[str, Any]:
             fields["reason"] = change.reason.value
     if change.op == "set-vfs":
         fields["num_vfs"] = change.num_vfs
+        if change.port is not None:
+            fields["port"] = change.port
     return fields
 
 

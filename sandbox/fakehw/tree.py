@@ -65,7 +65,17 @@ class DeviceState:
     health: Health = Health.HEALTHY
     reason: Reason | None = None
     plugged: bool = True
-    num_vfs: int | None = None  # None: the profile's numVFs
+    num_vfs: int | None = None  # None: the profile's numVFs (on every physical function)
+    # Per-port overrides, (port, count) sorted by port: the kernel has one sriov_numvfs per
+    # physical function, so a dual-port card's ports are set apart.
+    port_vfs: tuple[tuple[int, int], ...] = ()
+
+    def vfs_of(self, port: int) -> int | None:
+        """The VF count set for ``port`` (its own, else the device's); None: the profile's."""
+        for p, n in self.port_vfs:
+            if p == port:
+                return n
+        return self.num_vfs
 
 
 @dataclass(frozen=True)
