@@ -3,7 +3,8 @@
 ``slices`` renders the node's fake root to a temporary directory and runs the driver's own
 discovery and slice building on it (no cluster); ``config`` prints the driver config
 (``--config`` of ``python -m hwplugins.dra``) that carries the GPU models' memory and
-partition schemes, which real drivers learn from NVML rather than sysfs.
+partition schemes, which real drivers learn from NVML rather than sysfs. Both come from
+``sandbox.dra``; this module only parses arguments and prints.
 """
 
 from __future__ import annotations
@@ -11,17 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-from typing import Any
 
 import yaml
-from hwplugins.dra import ConfigError, build_pool, config_from_devices, discover, parse_config
-from hwplugins.dra import resource_slices as make_slices
 
+from sandbox.dra import driver_config, node_slices
 from sandbox.errors import SandboxError
-from sandbox.fakehw.build import build_tree
-from sandbox.fakehw.render import render
-from sandbox.profile import NodeSpec, load_profile
+from sandbox.profile import load_profile
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,39 +33,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="offer every partition mode (needs DRADeviceCompatibilityGroups)")
     c.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     p.set_defaults(func=run)
-
-
-def driver_config(node: NodeSpec) -> dict[str, Any]:
-    """The driver config for the GPUs of ``node`` (plain data in, plain data out)."""
-    gpus = []
-    for d in node.devices:
-        if d.gpu is None:
-            continue
-        fn = d.functions[0]
-        p = d.gpu.partitions
-        gpus.append({
-            "vendorID": fn.vendor_id, "deviceID": fn.device_id, "name": d.model_name,
-            "memory": d.gpu.memory,
-            "partitions": None if p is None else {
-                "memorySlices": p.memory_slices, "computeSlices": p.compute_slices,
-                "modes": list(p.modes),
-                "profiles": [{"name": q.name, "memorySlices": q.memory_slices,
-                              "computeSlices": q.compute_slices, "memory": q.memory}
-                             for q in p.profiles],
-            },
-        })  # fmt: skip
-    try:
-        return config_from_devices(gpus)
-    except ConfigError as exc:
-        raise SandboxError(str(exc)) from exc
-
-
-def node_slices(node: NodeSpec, compatibility_groups: bool = False) -> list[dict[str, Any]]:
-    config = parse_config(driver_config(node))
-    with tempfile.TemporaryDirectory(prefix="hwsb-dra-") as tmp:
-        render(build_tree(node), tmp, force=True)
-        pool = build_pool(discover(tmp), config, compatibility_groups)
-    return make_slices(pool, node.name)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,35 +5,24 @@ directory until SIGTERM/SIGINT, restarting it as a kubelet restart does on SIGHU
 a JSON status file of what it sees (the local runtime reads it for ``sandbox status``).
 ``check`` grades a device plugin's kubelet protocol behaviour (``sandbox.kubelet.check``).
 
-The status file, rewritten atomically on every change::
-
-    {"resources": {"nvidia.com/gpu": {"capacity": 8, "allocatable": 7, "connected": true,
-                   "by_numa": {"0": 3, "1": 4},        # healthy devices per NUMA node
-                   "devices": [{"id": "...", "health": "Healthy", "numa": [0]}, ...]}},
-     "updated": 1764410000.0}
-
-``by_numa`` counts healthy devices; a device without NUMA information counts under "-1"
-(what sysfs ``numa_node`` says then); with ``--numa-nodes N`` every node 0..N-1 is listed.
+The status file's format and its reader and writer are ``sandbox.kubelet.status``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from sandbox.errors import KubeletError, SandboxError
 from sandbox.kubelet import DeviceManager, Snapshot, check
+from sandbox.kubelet.status import write_status
 
 RESTART_SIGNALS = ("SIGHUP", "SIGUSR1", "SIGUSR2")
 
@@ -150,32 +139,6 @@ def _serve(args: argparse.Namespace) -> int:
     finally:
         dm.stop()
     return 0
-
-
-def status_data(snap: Snapshot, numa_nodes: list[int] | None = None) -> dict[str, Any]:
-    resources: dict[str, Any] = {}
-    for name, st in sorted(snap.resources.items()):
-        by_numa = {str(n): 0 for n in numa_nodes or ()}
-        for node, ids in st.by_numa(healthy_only=True).items():
-            by_numa[str(-1 if node is None else node)] = len(ids)
-        resources[name] = {
-            "capacity": st.capacity,
-            "allocatable": st.allocatable,
-            "connected": st.connected,
-            "by_numa": dict(sorted(by_numa.items(), key=lambda kv: int(kv[0]))),
-            "devices": [
-                {"id": d.id, "health": d.health, "numa": list(d.numa_nodes)} for d in st.devices
-            ],
-        }
-    return {"resources": resources, "updated": time.time()}
-
-
-def write_status(path: Path, snap: Snapshot, numa_nodes: list[int] | None = None) -> None:
-    """Write the status JSON so that a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(status_data(snap, numa_nodes), indent=1) + "\n")
-    os.replace(tmp, path)
 
 
 # check ---------------------------------------------------------------------------------------

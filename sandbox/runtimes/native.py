@@ -580,7 +580,7 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None
     """
     from hwplugins.dra import DRIVER
 
-    from sandbox.cli.dra import driver_config
+    from sandbox.dra import driver_config
 
     root = kubelet_root()
     registry = root / "plugins_registry"

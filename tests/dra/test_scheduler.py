@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sandbox.cli.dra import driver_config
+from sandbox.dra import driver_config
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile
