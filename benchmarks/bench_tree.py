@@ -25,7 +25,7 @@ from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import DeviceState, Health, Reason
 from sandbox.profile import load_profile, load_profile_text
-from sandbox.profile.resolve import NodeSpec
+from sandbox.profile.spec import NodeSpec
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET_1000 = 1.0  # seconds

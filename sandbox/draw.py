@@ -16,7 +16,7 @@ from xml.sax.saxutils import escape
 
 from sandbox.errors import CommandError, SandboxError
 from sandbox.profile.cpulist import format_cpulist
-from sandbox.profile.resolve import DeviceSpec, NodeSpec
+from sandbox.profile.spec import DeviceSpec, NodeSpec
 from sandbox.textui import size
 
 FONT = "DejaVu Sans, Verdana, sans-serif"

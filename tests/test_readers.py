@@ -14,7 +14,7 @@ from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile
 from sandbox.profile.cpulist import format_cpulist
-from sandbox.profile.resolve import NodeSpec
+from sandbox.profile.spec import NodeSpec
 from tests.readers import (
     bracket_id,
     hwloc_mask,

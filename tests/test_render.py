@@ -17,7 +17,7 @@ from sandbox.fakehw.fs import check_mount_root
 from sandbox.fakehw.render import DEVICES_LIST, MARKER, render
 from sandbox.fakehw.tree import CharDevice, DeviceState, Dir, File, Symlink, Tree, TreeError
 from sandbox.profile import load_profile
-from sandbox.profile.resolve import NodeSpec
+from sandbox.profile.spec import NodeSpec
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO = REPO / "profiles" / "8gpu-2numa.yaml"

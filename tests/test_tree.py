@@ -24,7 +24,7 @@ from sandbox.fakehw.tree import (
 )
 from sandbox.profile import load_profile
 from sandbox.profile.cpulist import format_cpulist
-from sandbox.profile.resolve import DeviceSpec, NodeSpec
+from sandbox.profile.spec import DeviceSpec, NodeSpec
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = sorted(REPO.glob("profiles/*.yaml")) + sorted(REPO.glob("tests/data/tree-*.yaml"))

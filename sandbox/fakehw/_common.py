@@ -25,7 +25,7 @@ from sandbox.fakehw.tree import (
     check_entry,
 )
 from sandbox.profile.cpulist import format_cpulist
-from sandbox.profile.resolve import DeviceSpec, NodeSpec
+from sandbox.profile.spec import DeviceSpec, NodeSpec
 
 RO, RW, WO = 0o444, 0o644, 0o200
 

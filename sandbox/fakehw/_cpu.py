@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from sandbox.fakehw._common import RW, Ctx, kernel_mask, make_file
 from sandbox.profile.cpulist import format_cpulist
-from sandbox.profile.resolve import LogicalCpu, NodeSpec
+from sandbox.profile.spec import LogicalCpu, NodeSpec
 
 CPU = "sys/devices/system/cpu"
 NODE = "sys/devices/system/node"

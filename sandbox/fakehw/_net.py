@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sandbox.fakehw._common import RW, Ctx, fault
 from sandbox.fakehw._pci import PciPlan
 from sandbox.fakehw.tree import DeviceState, Reason
-from sandbox.profile.resolve import DeviceSpec
+from sandbox.profile.spec import DeviceSpec
 
 IB_MAJOR = 231
 UMAD_FIXED, ISSM_BASE = 64, 64  # umadN = 231:N, issmN = 231:64+N for N < 64

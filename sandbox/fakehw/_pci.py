@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from sandbox.fakehw._common import RW, WO, Ctx, fault, make_file, present
 from sandbox.fakehw.tree import File, Reason
-from sandbox.profile.resolve import DeviceSpec, NodeSpec, PciFunction
+from sandbox.profile.spec import DeviceSpec, NodeSpec, PciFunction
 
 DEVICES = "sys/bus/pci/devices"
 DRIVERS = "sys/bus/pci/drivers"

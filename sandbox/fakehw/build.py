@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from sandbox.fakehw import _cpu, _fpga, _gpu, _net, _pci
 from sandbox.fakehw._common import Ctx, present
 from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree, TreeError
-from sandbox.profile.resolve import DeviceSpec, NodeSpec
+from sandbox.profile.spec import DeviceSpec, NodeSpec
 
 MEM_MAJOR = 1
 VFIO_MINOR = 196

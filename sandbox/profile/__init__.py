@@ -8,7 +8,7 @@ with every default filled in (``resolve``), which the tree builder consumes.
 
 from sandbox.profile.loader import LoadedProfile, format_loc, load_profile, load_profile_text
 from sandbox.profile.model import API_VERSION, KIND, Profile
-from sandbox.profile.resolve import Cluster, DeviceSpec, NodeSpec
+from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
 
 __all__ = [
     "API_VERSION",

@@ -22,7 +22,8 @@ import yaml
 
 from sandbox.errors import Problem, ProfileError
 from sandbox.profile import model
-from sandbox.profile.resolve import Cluster, Loc, ResolveFailed, resolve
+from sandbox.profile.resolve import ResolveFailed, resolve
+from sandbox.profile.spec import Cluster, Loc
 
 MAX_BYTES = 4 * 2**20
 MAX_NODES = 200_000  # YAML aliases can multiply a small file (the "billion laughs")

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from sandbox.profile.cpulist import format_cpulist
-from sandbox.profile.resolve import Cluster, DeviceSpec, NodeSpec
+from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
 from sandbox.textui import size, table
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from sandbox.profile.loader import load_profile
-from sandbox.profile.resolve import NodeSpec
+from sandbox.profile.spec import NodeSpec
 from sandbox.runtimes._procs import proc_start_time
 from sandbox.runtimes.native import (
     BUSYBOX_REF,
