@@ -11,7 +11,7 @@ import hashlib
 from sandbox.fakehw._common import RW, Ctx
 from sandbox.fakehw._pci import PciPlan
 from sandbox.profile import catalogue
-from sandbox.profile.resolve import DeviceSpec
+from sandbox.profile.spec import DeviceSpec
 
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255

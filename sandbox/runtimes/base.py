@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sandbox.errors import SandboxError
-from sandbox.profile.resolve import Cluster
+from sandbox.profile.spec import Cluster
 
 Progress = Callable[[str], None]
 

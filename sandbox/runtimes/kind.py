@@ -38,7 +38,7 @@ import yaml
 
 from sandbox.catalog import find_plugin
 from sandbox.errors import CommandError, ControlError, RuntimeBackendError, SandboxError
-from sandbox.profile.resolve import Cluster
+from sandbox.profile.spec import Cluster
 from sandbox.runtimes import agentimage
 from sandbox.runtimes.agentimage import IMAGE, PRELOADED_LABEL
 from sandbox.runtimes.base import (

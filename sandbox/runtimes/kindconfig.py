@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from sandbox.profile.resolve import Cluster
+from sandbox.profile.spec import Cluster
 
 NODE_LABEL = "hwsandbox.dev/node"
 

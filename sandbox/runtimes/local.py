@@ -23,7 +23,7 @@ from typing import Any
 from sandbox.agent import first_line, log_tail, start_node, unmount, wait_node
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.fakehw.control import ControlClient
-from sandbox.profile.resolve import Cluster, NodeSpec
+from sandbox.profile.spec import Cluster, NodeSpec
 from sandbox.runtimes._procs import proc_start_time, same_process, stop_pids
 from sandbox.runtimes.base import (
     NodeStatus,

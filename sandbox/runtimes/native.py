@@ -51,7 +51,7 @@ from typing import Any
 import yaml
 
 from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
-from sandbox.profile.resolve import Cluster, NodeSpec
+from sandbox.profile.spec import Cluster, NodeSpec
 from sandbox.runtimes import _images
 from sandbox.runtimes._procs import proc_start_time, stop_pids
 from sandbox.runtimes.base import (
