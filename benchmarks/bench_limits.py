@@ -27,7 +27,7 @@ from pathlib import Path
 
 from sandbox.fakehw.build import build_tree
 from sandbox.profile import load_profile_text
-from sandbox.profile import resolve as resolve_module
+from sandbox.profile.resolve import limits
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET_SECONDS = 10.0
@@ -47,9 +47,9 @@ def cpu_profile(ncpus: int) -> str:
 def largest_profile() -> str:
     """The largest node the limits allow: 1,024 CPUs over 64 NUMA nodes, 1,024 devices,
     3,584 PCI functions (NICs with SR-IOV VFs and RDMA, GPUs)."""
-    per_numa = resolve_module.MAX_CPUS // 64
+    per_numa = limits.MAX_CPUS // 64
     half = per_numa // 2
-    threads = resolve_module.MAX_CPUS // 2
+    threads = limits.MAX_CPUS // 2
     lines = [
         "apiVersion: hwsandbox.dev/v1alpha1", "kind: HardwareProfile",
         "metadata: {name: largest}", "nodes:", "  - name: big",
@@ -101,8 +101,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="CPU counts up to 4,096 only")
     args = ap.parse_args()
     counts = [64, 256, 1024, 2048, 4096] + ([] if args.quick else [8192, 16384])
-    limit = resolve_module.MAX_CPUS
-    resolve_module.MAX_CPUS = max(counts)  # measure past the limit, see the docstring
+    limit = limits.MAX_CPUS
+    limits.MAX_CPUS = max(counts)  # measure past the limit, see the docstring
     print(f"{'CPUs':>6} {'entries':>9} {'bytes/entry':>12}")
     per_entry = []
     for n in counts:
@@ -111,7 +111,7 @@ def main() -> int:
         print(f"{n:>6} {entries:>9} {bpe:>12.0f}")
     ratio = per_entry[-1] / per_entry[0]
     print(f"bytes/entry {counts[-1]} vs {counts[0]} CPUs: {ratio:.2f}x (linear: ~1)")
-    resolve_module.MAX_CPUS = limit
+    limits.MAX_CPUS = limit
     demo = (REPO / "profiles" / "8gpu-2numa.yaml").read_text()
     with tempfile.TemporaryDirectory(prefix="bench-limits-", dir="/dev/shm") as tmp:
         base_s, _ = render_in_subprocess(demo, "gpu-worker", Path(tmp))
