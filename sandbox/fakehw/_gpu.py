@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
+from sandbox.fakehw import _nvml
 from sandbox.fakehw._common import RW, Ctx
 from sandbox.fakehw._pci import PciPlan
 from sandbox.profile import catalogue
@@ -55,6 +56,8 @@ def add_nvidia(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str], plan: PciP
         )
         ctx.chardev("nvidia-caps/nvidia-cap1", NVIDIA_CAPS_MAJOR, 1, None, mode=0o400)
         ctx.chardev("nvidia-caps/nvidia-cap2", NVIDIA_CAPS_MAJOR, 2, None, mode=0o444)
+    # Sandbox-owned, for our NVML (docs/nvml.md): rebuilt with the tree on every change.
+    ctx.file(_nvml.STATE_PATH, _nvml.state_text(gpus, pci, ctx.states, NVIDIA_DRIVER_VERSION))
     for dev in gpus:
         gpu = dev.gpu
         if gpu is None or dev.address not in pci:

@@ -1,0 +1,11 @@
+"""hw-sandbox's own NVML (``libnvidia-ml.so.1``), written in C from NVML's published API
+facts, so NVIDIA's unmodified device plugin and gpu-feature-discovery run on fake GPUs.
+
+``build()`` compiles ``nvml.c`` (plus a NOT_SUPPORTED stub for every other entry point in
+``entrypoints.txt``) with gcc into the cache, keyed by the sources' hash; the state file
+the library reads is written by ``sandbox.fakehw._nvml``. See docs/nvml.md.
+"""
+
+from sandbox.nvml.build import LIBRARY_NAME, NvmlBuildError, build, library_dir
+
+__all__ = ["LIBRARY_NAME", "NvmlBuildError", "build", "library_dir"]

@@ -1,0 +1,75 @@
+"""NVIDIA's unmodified device plugin and gpu-feature-discovery on a live fake node, through
+our NVML (sandbox/nvml, docs/nvml.md).
+
+- ``nvml_library()``: our libnvidia-ml.so.1, compiled into the cache on first use; FAILS
+  with an install hint when gcc is missing.
+- ``nvidia_binary(name)``: ``nvidia-device-plugin`` or ``gpu-feature-discovery`` v0.18.0,
+  built (with cgo) by scripts/build-plugins into the cache; FAILS with a hint when Go or
+  gcc is missing.
+- ``nvml_env(live, log)``: the environment that points a process at our library and at
+  the node's tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox.nvml import NvmlBuildError, build
+from tests.thirdparty import BUILD_PLUGINS, LiveNode
+
+VERSION = "v0.18.0"
+_HINT = (
+    "NVIDIA's device plugin and gpu-feature-discovery are built from "
+    "github.com/NVIDIA/k8s-device-plugin@{v} with cgo: they need Go >= 1.24 "
+    "(https://go.dev/doc/install, on PATH or GO=/path/go), gcc and libc6-dev "
+    "(apt-get install gcc libc6-dev) and the Go module proxy; `scripts/build-plugins {n}` "
+    "builds it once into ${{HWSANDBOX_CACHE:-~/.cache/hw-sandbox}}/plugins/"
+)
+
+
+def nvml_library() -> Path:
+    try:
+        return build()
+    except NvmlBuildError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def nvidia_binary(name: str) -> Path:
+    assert name in ("nvidia-device-plugin", "gpu-feature-discovery"), name
+    started = time.monotonic()
+    result = subprocess.run([str(BUILD_PLUGINS), name], capture_output=True, text=True,
+                            check=False, timeout=3600)  # fmt: skip
+    if result.returncode != 0:
+        missing = [t for t in ("go", "gcc") if shutil.which(t) is None and not (
+            t == "go" and os.environ.get("GO"))]
+        note = f" (missing: {', '.join(missing)})" if missing else ""
+        pytest.fail(
+            f"scripts/build-plugins {name} failed (exit {result.returncode}) after "
+            f"{time.monotonic() - started:.0f}s{note}:\n{result.stderr[-3000:]}\n"
+            + _HINT.format(v=VERSION, n=name),
+            pytrace=False,
+        )
+    binary = Path(result.stdout.strip().splitlines()[-1])
+    assert binary.name == name, result.stdout
+    assert os.access(binary, os.X_OK), f"{binary} is not executable"
+    return binary
+
+
+def nvml_env(live: LiveNode, log: Path | None = None, **extra: str) -> dict[str, str]:
+    """The environment for a program that should load our NVML and see ``live``'s GPUs."""
+    lib = nvml_library()
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(lib.parent),
+        "HWSANDBOX_NVML_ROOT": str(live.root),
+        **extra,
+    }
+    if log is not None:
+        env["HWSANDBOX_NVML_LOG"] = str(log)
+    return env
