@@ -3,10 +3,11 @@ parent bridges, ``sys/bus/pci/{devices,drivers}``, ``sys/module/<mod>/drivers``,
 ``sys/kernel/iommu_groups`` and SR-IOV virtual functions (Documentation/ABI/testing/
 sysfs-bus-pci, sysfs-kernel-iommu_groups, sysfs-bus-pci-devices-aer_stats).
 
-``plan_pci`` lays out the node once — every bridge, physical function and POSSIBLE
-virtual function with its directory, ordinal and bridge bus ranges — independent of the
-devices' runtime states, so a bridge's config space never changes when a device below it
-is unplugged or VFs are toggled. ``add_pci`` then writes what is present.
+The resolver planned the node's whole PCI tree once (``NodeSpec.pci``: every bridge,
+physical function and POSSIBLE virtual function with its directory, bus ranges and port
+type), independent of the devices' runtime states, so a bridge's config space never
+changes when a device below it is unplugged or VFs are toggled. ``plan_pci`` only indexes
+it; ``add_pci`` writes what is present.
 """
 
 from __future__ import annotations
@@ -89,20 +90,12 @@ def module_of(driver: str) -> str:
 
 @dataclass
 class PciPlan:
-    """Every PCI function the node can ever show, in address order."""
+    """Lookups over the node's planned PCI tree (``NodeSpec.pci``), made once per node."""
 
-    functions: list[PciFunction] = field(default_factory=list)
-    owner: dict[str, str] = field(default_factory=dict)  # endpoint/VF address -> device id
-    physfn: dict[str, str] = field(default_factory=dict)  # VF address -> PF address
-    vf_index: dict[str, int] = field(default_factory=dict)  # VF address -> N of virtfnN
-    paths: dict[str, str] = field(default_factory=dict)  # address -> sys/devices/... dir
-    buses: dict[str, tuple[int, int]] = field(default_factory=dict)  # bridge -> (sec, sub)
-    ordinal: dict[str, int] = field(default_factory=dict)
-    multifunction: set[tuple[int, int, int]] = field(default_factory=set)
-    drivers: set[str] = field(default_factory=set)
+    functions: tuple[PciFunction, ...] = ()  # every function the node can show, by address
+    ordinal: dict[str, int] = field(default_factory=dict)  # address -> index in functions
     pf_vfs: dict[str, list[str]] = field(default_factory=dict)  # PF -> all its VF addresses
-    port_type: dict[str, int] = field(default_factory=dict)  # bridge -> PCIe port type
-    vf_device: dict[str, int] = field(default_factory=dict)  # PF -> its VFs' device id
+    drivers: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -111,97 +104,29 @@ class VfInfo:
 
     total: int  # sriov_totalvfs of each PF
     enabled: int  # the profile's numVFs
-    addresses: tuple[tuple[str, ...], ...]
-    groups: tuple[tuple[int, ...], ...]
-    device_id: int | None  # None: the PF's own device id (Intel GPUs)
-    driver: str | None  # None: the PF's driver
 
 
 def vf_info(dev: DeviceSpec) -> VfInfo | None:
     if dev.nic is not None and dev.nic.total_vfs:
-        n = dev.nic
-        return VfInfo(n.total_vfs, n.num_vfs, n.vf_addresses, n.vf_iommu_groups,
-                      n.vf_device_id, n.vf_driver)
+        return VfInfo(dev.nic.total_vfs, dev.nic.num_vfs)
     if dev.gpu is not None and dev.gpu.total_vfs:
-        g = dev.gpu
-        return VfInfo(g.total_vfs, g.num_vfs, (g.vf_addresses,), (g.vf_iommu_groups,),
-                      None, None)
+        return VfInfo(dev.gpu.total_vfs, dev.gpu.num_vfs)
     return None
 
 
 def plan_pci(node: NodeSpec) -> PciPlan:
-    plan = PciPlan()
-    fns: list[PciFunction] = list(node.bridges)
-    for dev in node.devices:
-        for f in dev.functions:
-            plan.owner[f.address] = dev.id
-            fns.append(f)
-        info = vf_info(dev)
-        if info is None:
-            continue
-        for p, pf in enumerate(dev.functions):
-            vfs = info.addresses[p] if p < len(info.addresses) else ()
-            groups = info.groups[p] if p < len(info.groups) else ()
-            plan.pf_vfs[pf.address] = list(vfs)
-            plan.vf_device[pf.address] = pf.device_id if info.device_id is None else info.device_id
-            for v, addr in enumerate(vfs):
-                fns.append(PciFunction(
-                    addr, pf.vendor_id,
-                    pf.device_id if info.device_id is None else info.device_id,
-                    pf.subsystem_vendor_id, pf.subsystem_device_id, pf.class_code,
-                    pf.revision, pf.driver if info.driver is None else info.driver,
-                    pf.numa_node, pf.host_bridge, pf.parent,
-                    groups[v] if v < len(groups) else pf.iommu_group,
-                    pf.link_speed, pf.link_width,
-                ))
-                plan.owner[addr] = dev.id
-                plan.physfn[addr] = pf.address
-                plan.vf_index[addr] = v
-    fns.sort(key=lambda f: f.address)
-    plan.functions = fns
-    by_addr = {f.address: f for f in fns}
-    slots: dict[tuple[int, int, int], int] = {}
-    for i, f in enumerate(fns):
+    """Index the node's PCI tree (the resolver planned it: ``sandbox.profile.resolve``)."""
+    plan = PciPlan(node.pci)
+    for i, f in enumerate(node.pci):
         plan.ordinal[f.address] = i
         if f.driver:
             plan.drivers.add(f.driver)
-        if f.address not in plan.physfn:
-            key = (f.domain, f.bus, int(f.address[8:10], 16))
-            slots[key] = slots.get(key, 0) + 1
-
-    def path_of(addr: str) -> str:
-        known = plan.paths.get(addr)
-        if known is not None:
-            return known
-        f = by_addr[addr]
-        parent = f.parent if f.parent in by_addr else None
-        base = path_of(parent) if parent else f"sys/devices/{f.host_bridge}"
-        plan.paths[addr] = p = f"{base}/{addr}"
-        return p
-
-    sec: dict[str, int] = {}
-    sub: dict[str, int] = {}
-    for f in fns:
-        path_of(f.address)
-        if f.parent in by_addr:
-            sec[f.parent] = min(sec.get(f.parent, 0xFF), f.bus)
-            a: str | None = f.parent
-            while a is not None and a in by_addr:
-                sub[a] = max(sub.get(a, 0), f.bus)
-                a = by_addr[a].parent
-    for f in fns:
-        if f.class_code == BRIDGE_CLASS:
-            s = sec.get(f.address, 0)
-            plan.buses[f.address] = (s, max(s, sub.get(f.address, s)))
-            # PCIe port type: a root port hangs off the host bridge, a switch's upstream
-            # port off a root port, its downstream ports off the upstream port.
-            parent = by_addr.get(f.parent) if f.parent else None
-            plan.port_type[f.address] = 4 if parent is None else (5 if parent.parent is None else 6)
-    plan.multifunction = {k for k, v in slots.items() if v > 1}
+        if f.physfn is not None:
+            plan.pf_vfs.setdefault(f.physfn, []).append(f.address)
     return plan
 
 
-def _config(f: PciFunction, plan: PciPlan, bar: int, irq: int, is_vf: bool) -> bytes:
+def _config(f: PciFunction, bar: int, irq: int) -> bytes:
     """256 bytes of config space: header, BAR0 and a PCI Express capability at 0x40."""
     c = bytearray(256)
     bridge = f.class_code == BRIDGE_CLASS
@@ -209,18 +134,16 @@ def _config(f: PciFunction, plan: PciPlan, bar: int, irq: int, is_vf: bool) -> b
         "<HHHH", c, 0, f.vendor_id, f.device_id, 0x0406 if not bridge else 0x0407, 0x0010
     )
     struct.pack_into("<I", c, 8, f.revision | (f.class_code << 8))
-    slot = (f.domain, f.bus, int(f.address[8:10], 16))
     header = 1 if bridge else 0
-    if not is_vf and slot in plan.multifunction:
+    if f.multifunction:
         header |= 0x80
     c[0x0C], c[0x0E] = 0x10, header
     c[0x34] = 0x40
     c[0x3C], c[0x3D] = irq & 0xFF, 1
     if bridge:
-        secondary, subordinate = plan.buses.get(f.address, (0, 0))
-        c[0x18], c[0x19], c[0x1A] = f.bus, secondary, subordinate
+        c[0x18], c[0x19], c[0x1A] = f.bus, f.secondary_bus, f.subordinate_bus
         c[0x1C], c[0x1D] = 0xF0, 0x00  # I/O window disabled
-        port_type = plan.port_type.get(f.address, 6)
+        port_type = f.port_type
     else:
         struct.pack_into("<II", c, 0x10, (bar & 0xFFFFFFF0) | 0x4, bar >> 32)
         struct.pack_into("<HH", c, 0x2C, f.subsystem_vendor_id, f.subsystem_device_id)
@@ -255,14 +178,14 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
         ctx.file(f"sys/devices/{hb.name}/uevent", "")
     for f in plan.functions:
         addr = f.address
-        owner = plan.owner.get(addr)
+        owner = f.owner
         state = ctx.states[owner] if owner is not None else None
         if state is not None and not present(state):
             continue
-        pf = plan.physfn.get(addr)
-        if pf is not None and plan.vf_index[addr] >= vf_counts.get(pf, 0):
+        pf = f.physfn
+        if pf is not None and f.vf_index >= vf_counts.get(pf, 0):
             continue
-        path = plan.paths[addr]
+        path = f.path
         out[addr] = path
         ordinal = plan.ordinal[addr]
         bridge = f.class_code == BRIDGE_CLASS
@@ -318,12 +241,11 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
             "ari_enabled": "0\n",
         }
         if bridge:
-            sec, sub = plan.buses.get(addr, (0, 0))
-            attrs["secondary_bus_number"] = f"{sec}\n"
-            attrs["subordinate_bus_number"] = f"{sub}\n"
+            attrs["secondary_bus_number"] = f"{f.secondary_bus}\n"
+            attrs["subordinate_bus_number"] = f"{f.subordinate_bus}\n"
         ctx.files(path, attrs)
         children = ctx.dir(path).children
-        children["config"] = File(_config(f, plan, bar, irq, pf is not None), RW)
+        children["config"] = File(_config(f, bar, irq), RW)
         children["enable"] = make_file("1\n", RW)
         children["driver_override"] = make_file("(null)\n", RW)
         children["remove"] = make_file(b"", WO)
@@ -336,12 +258,12 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
         groups.setdefault(f.iommu_group, []).append(addr)
         ctx.link(f"{DEVICES}/{addr}", path)
         if pf is not None:
-            ctx.link(f"{path}/physfn", plan.paths[pf])
+            ctx.link(f"{path}/physfn", plan.functions[plan.ordinal[pf]].path)
     # SR-IOV capability files on present PFs, virtfnN links to present VFs.
     for pf_addr, vfs in plan.pf_vfs.items():
         if pf_addr not in out:
             continue
-        vf_device = plan.vf_device.get(pf_addr, 0)
+        vf_device = plan.functions[plan.ordinal[vfs[0]]].device_id
         n = vf_counts.get(pf_addr, 0)
         pf_path = out[pf_addr]
         ctx.files(

@@ -50,6 +50,16 @@ class PciFunction:
     iommu_group: int
     link_speed: str = "16.0 GT/s PCIe"
     link_width: int = 16
+    # Where it sits in the node's PCI tree, planned once by the resolver (resolve.pci) for
+    # every function the node can ever show; the tree builder only renders it.
+    path: str = ""  # its directory: sys/devices/pciDDDD:BB/<bridges...>/DDDD:BB:DD.F
+    owner: str | None = None  # the device id of an endpoint or VF; None: a bridge
+    physfn: str | None = None  # a VF's physical function; None: not a VF
+    vf_index: int = 0  # a VF's N (the PF's virtfnN link)
+    secondary_bus: int = 0  # a bridge's bus range (config space 0x19, 0x1a)
+    subordinate_bus: int = 0
+    port_type: int = 0  # a bridge's PCIe port type: 4 root, 5 switch upstream, 6 downstream
+    multifunction: bool = False  # another (non-VF) function shares its slot
 
     @property
     def domain(self) -> int:
@@ -187,11 +197,18 @@ class NodeSpec:
     numa: tuple[NumaInfo, ...]
     memory: int
     host_bridges: tuple[HostBridgeInfo, ...]
-    bridges: tuple[PciFunction, ...]
+    # Every PCI function the node can ever show, in address order: bridges, the devices'
+    # physical functions and every possible SR-IOV VF (enabled or not).
+    pci: tuple[PciFunction, ...]
     devices: tuple[DeviceSpec, ...]
 
     def device(self, device_id: str) -> DeviceSpec | None:
         return next((d for d in self.devices if d.id == device_id), None)
+
+    @property
+    def bridges(self) -> tuple[PciFunction, ...]:
+        """The root ports and switch ports."""
+        return tuple(f for f in self.pci if f.owner is None)
 
 
 @dataclass(frozen=True)

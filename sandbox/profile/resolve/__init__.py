@@ -7,6 +7,7 @@ deterministically, one concern per module:
     memory    memory per NUMA node, hugepages, NUMA distances
     devices   catalogue models with the profile's overrides; kernel minors
     pci       host bridges, root and switch ports, bus numbers, addresses, IOMMU groups
+    pcitree   the complete PCI tree: VFs, sysfs paths, bridge bus ranges, port types
     replicas  per-replica identities: serials, UUIDs, MACs, GUIDs, netdev names
     limits    what one node and one profile may hold
 
@@ -22,6 +23,7 @@ from sandbox.profile import model
 from sandbox.profile.resolve import cpus, limits, memory
 from sandbox.profile.resolve.devices import Draft
 from sandbox.profile.resolve.pci import PciPlanner
+from sandbox.profile.resolve.pcitree import plan_tree
 from sandbox.profile.resolve.replicas import replica
 from sandbox.profile.spec import Cluster, CpuSpec, Loc, NodeSpec
 
@@ -114,6 +116,7 @@ def _resolve_node(
     devices = pci.place_devices()
     if devices is None:
         return None
+    tree = plan_tree(pci.bridges, devices)
     cpu = node.cpu
     return NodeSpec(
         name=node.name,
@@ -128,6 +131,6 @@ def _resolve_node(
         numa=numa,
         memory=total,
         host_bridges=tuple(pci.host_bridges),
-        bridges=tuple(pci.bridges),
+        pci=tree,
         devices=(),
     ), devices

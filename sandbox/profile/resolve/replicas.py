@@ -68,7 +68,7 @@ def replica(
         name=name, base_name=node.name, index=r, role=template.role, labels=template.labels,
         topology_manager_policy=template.topology_manager_policy, cpu=template.cpu,
         cpus=template.cpus, numa=template.numa, memory=template.memory,
-        host_bridges=template.host_bridges, bridges=template.bridges, devices=tuple(devices),
+        host_bridges=template.host_bridges, pci=template.pci, devices=tuple(devices),
     )
 
 
