@@ -1,7 +1,10 @@
 """hwplugins: programs that run on a node and read only /sys, /dev and the kubelet sockets.
 
     api           our .proto files for the kubelet plugin APIs and their generated stubs
-    deviceplugin  a reference device plugin: PCI devices in a (fake) sysfs -> extended resources
+    sysfs         the one reader of a root's files: unbuffered os-level reads, absent = None
+    devices       the one device model: ``scan(root)`` -> typed PciDevice records (nodes, health)
+    deviceplugin  a reference device plugin: devices -> extended resources
+    dra           a reference DRA driver: devices -> ResourceSlices, and a kubelet plugin
 
 Nothing here imports ``sandbox``: a plugin must work unchanged on a real node.
 """

@@ -1,6 +1,6 @@
 """Reference device plugin: PCI devices under a root's sys/ and dev/ become extended resources.
 
-    discovery  the device model: sysfs/dev -> Device (resource, NUMA node, health, nodes)
+    discovery  devices (hwplugins.devices) -> resources: Device (id, resource, health, nodes)
     packing    GetPreferredAllocation's NUMA packing, a pure function
     config     the optional JSON config (extra rules, ignore list, PreStart options)
     server     one v1beta1 DevicePlugin server per resource, registration and re-registration
@@ -16,6 +16,7 @@ from hwplugins.deviceplugin.discovery import (
     Device,
     Rule,
     discover,
+    group,
 )
 from hwplugins.deviceplugin.packing import pack
 from hwplugins.deviceplugin.server import ResourcePlugin, run
@@ -30,6 +31,7 @@ __all__ = [
     "ResourcePlugin",
     "Rule",
     "discover",
+    "group",
     "load_config",
     "pack",
     "run",

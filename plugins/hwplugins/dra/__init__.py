@@ -1,6 +1,6 @@
 """The reference DRA driver: ResourceSlices from a node's /sys and /dev, and a kubelet plugin.
 
-    discovery     pure reads of <root>/sys, <root>/dev: GPUs, NICs, FPGAs and their health
+    discovery     devices (hwplugins.devices) -> GPUs, NICs, FPGAs named, with health problems
     config        the driver config (GPU memory, partition schemes) keyed by PCI id
     slices        devices -> a pool's ResourceSlices (counters, partitions, taints); pure
     publisher     ResourceSlices to the API server (official kubernetes client)
@@ -18,7 +18,7 @@ from hwplugins.dra.config import (
     load_config,
     parse_config,
 )
-from hwplugins.dra.discovery import Device, Problem, discover
+from hwplugins.dra.discovery import Device, Problem, discover, from_scan
 from hwplugins.dra.slices import (
     DRIVER,
     TAINT_KEY,
@@ -40,6 +40,7 @@ __all__ = [
     "build_pool",
     "config_from_devices",
     "discover",
+    "from_scan",
     "load_config",
     "parse_config",
     "resource_slices",

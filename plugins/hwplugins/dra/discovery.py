@@ -1,8 +1,7 @@
-"""The device model: which GPUs, NICs and FPGAs ``<root>/sys`` and ``<root>/dev`` describe.
-
-Pure reads below one root (``proc/driver/nvidia`` too, the NVIDIA driver's per-GPU file);
-no Kubernetes, no gRPC. ``discover(root)`` runs again on every rescan, so a fault or an
-unplug shows up as soon as the files say so.
+"""The DRA driver's devices: the device model (``hwplugins.devices``) named and described
+for ResourceSlices. Nothing here reads a file: ``discover(root)`` scans once and maps;
+``from_scan(devices)`` only maps. It runs again on every rescan, so a fault or an unplug
+shows up as soon as the files say so.
 
     what                        how it is found                            device name
     GPU                         PCI class 0x03 (or 0x12 by AMD), vendor     gpu-<BDF>
@@ -15,7 +14,7 @@ unplug shows up as soon as the files say so.
 ``<BDF>`` is the PCI address with ``:`` and ``.`` turned into ``-``: names stay stable
 across unplug and rescans (an index would shift when a device leaves).
 
-Health comes from real kernel interfaces only; each problem becomes a ``Problem`` that the
+Each symptom of the model (real kernel interfaces only) becomes a ``Problem`` that the
 slice builder turns into a device taint:
 
     aer-fatal     ``aer_dev_fatal`` TOTAL_ERR_FATAL > 0                    NoExecute
@@ -26,29 +25,19 @@ slice builder turns into a device taint:
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hwplugins.sysfs import (
-    PciFunction,
-    SysRoot,
-    aer_fatal_count,
-    listdir,
-    numa_node,
-    read,
-    read_int,
-)
+from hwplugins.devices import AMD, NVIDIA, PciDevice, Symptom, missing, scan
 
 NO_EXECUTE = "NoExecute"
 NO_SCHEDULE = "NoSchedule"
 
 VENDORS = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel", 0x15B3: "mellanox",
            0x10EE: "xilinx"}  # fmt: skip
-GPU_VENDORS = (0x10DE, 0x1002, 0x8086)
 
 AttrValue = str | int | bool
 
@@ -100,172 +89,114 @@ def dns_label(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-def _link_name(path: Path) -> str:
-    try:
-        return os.path.basename(os.readlink(path))
-    except OSError:
-        return ""
+EFFECTS = {"aer-fatal": NO_EXECUTE, "dev-missing": NO_EXECUTE, "link-down": NO_SCHEDULE,
+           "port-down": NO_SCHEDULE}  # fmt: skip
 
 
-def _aer(pci: PciFunction) -> list[Problem]:
-    n = aer_fatal_count(pci.path)
-    if n > 0:
-        return [Problem("aer-fatal", NO_EXECUTE, f"aer_dev_fatal TOTAL_ERR_FATAL {n}")]
-    return []
+def _problems(symptoms: Iterable[Symptom]) -> tuple[Problem, ...]:
+    return tuple(Problem(s.reason, EFFECTS[s.reason], s.detail) for s in symptoms)
 
 
-def _missing(r: SysRoot, node: str | None) -> list[Problem]:
-    if node is None or r.dev_exists(node):
-        return []
-    return [Problem("dev-missing", NO_EXECUTE, f"{node} missing")]
-
-
-def _make(r: SysRoot, pci: PciFunction, kind: str, name: str, **fields: Any) -> Device:
+def _make(pci: PciDevice, kind: str, name: str, **fields: Any) -> Device:
     return Device(name=name, kind=kind, pci_address=pci.address, vendor_id=pci.vendor,
-                  device_id=pci.device, numa_node=numa_node(pci.path),
-                  pcie_root=r.pcie_root(pci.address), **fields)  # fmt: skip
+                  device_id=pci.device, numa_node=pci.numa_node, pcie_root=pci.pcie_root,
+                  **fields)  # fmt: skip
 
 
 def _bdf(address: str) -> str:
     return dns_label(address)
 
 
-_INFO = re.compile(r"^([A-Za-z ]+):\s*(.*?)\s*$", re.M)
-
-
-def _gpu(r: SysRoot, pci: PciFunction) -> Device:
+def _gpu(pci: PciDevice) -> Device:
     name = f"gpu-{_bdf(pci.address)}"
-    if pci.vendor == 0x10DE:
-        text = read(r.root / "proc/driver/nvidia/gpus" / pci.address / "information") or ""
-        info = {k.strip(): v for k, v in _INFO.findall(text)}
-        minor = info.get("Device Minor", "")
-        primary = f"/dev/nvidia{minor}" if minor.isdigit() else None
-        shared = [f"/dev/{n}" for n in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
-                  if r.dev_exists(n)]  # fmt: skip
-        uuid = info.get("GPU UUID", "")
+    if pci.vendor == NVIDIA:
+        info = pci.nvidia
+        uuid = info.uuid if info is not None else ""
         return _make(
-            r, pci, "gpu", name,
-            model=info.get("Model", ""),
+            pci, "gpu", name,
+            model=info.model if info is not None else "",
             uuid=uuid,
-            dev_nodes=tuple(([primary] if primary else []) + shared),
+            dev_nodes=pci.dev_nodes,
             env=(("NVIDIA_VISIBLE_DEVICES", uuid or pci.address),),
-            attributes=(("minor", int(minor)),) if minor.isdigit() else (),
-            problems=tuple(_aer(pci) + _missing(r, primary)),
-        )
-    drm = listdir(pci.path / "drm")
-    card = next((n for n in drm if re.fullmatch(r"card\d+", n)), None)
-    render = next((n for n in drm if re.fullmatch(r"renderD\d+", n)), None)
-    nodes = [f"/dev/dri/{n}" for n in (card, render) if n]
-    if pci.vendor == 0x1002 and r.dev_exists("kfd"):
-        nodes.append("/dev/kfd")
-    env_var = "AMD_VISIBLE_DEVICES" if pci.vendor == 0x1002 else "HWSANDBOX_DRI_DEVICES"
+            attributes=(("minor", info.minor),) if info and info.minor is not None else (),
+            problems=_problems(pci.symptoms),
+        )  # fmt: skip
+    env_var = "AMD_VISIBLE_DEVICES" if pci.vendor == AMD else "HWSANDBOX_DRI_DEVICES"
     return _make(
-        r, pci, "gpu", name,
-        model=read(pci.path / "product_name") or "",
-        uuid=read(pci.path / "unique_id") or "",
-        memory=read_int(pci.path / "mem_info_vram_total"),
-        dev_nodes=tuple(nodes),
+        pci, "gpu", name,
+        model=pci.product_name,
+        uuid=pci.unique_id,
+        memory=pci.vram_total,
+        dev_nodes=pci.dev_nodes,
         env=((env_var, pci.address),),
-        attributes=(("driver", _link_name(pci.path / "driver")),),
-        problems=tuple(_aer(pci) + _missing(r, nodes[0] if nodes else None)),
-    )
+        attributes=(("driver", pci.driver),),
+        problems=_problems(pci.symptoms),
+    )  # fmt: skip
 
 
-def _net(r: SysRoot, pci: PciFunction, kind: str) -> Device:
-    ifaces = listdir(pci.path / "net")
-    problems = _aer(pci)
-    speeds = []
-    for iface in ifaces:
-        state = read(pci.path / "net" / iface / "operstate")
-        if state is not None and state != "up":
-            problems.append(Problem("link-down", NO_SCHEDULE, f"{iface} operstate {state}"))
-        speed = read_int(pci.path / "net" / iface / "speed")
-        if speed is not None and speed > 0:
-            speeds.append(speed * 1_000_000)
-    ibdevs = listdir(pci.path / "infiniband")
-    for ibdev in ibdevs:
-        ports = pci.path / "infiniband" / ibdev / "ports"
-        for port in listdir(ports):
-            state = read(ports / port / "state") or ""
-            if "ACTIVE" not in state.upper():
-                problems.append(
-                    Problem("port-down", NO_SCHEDULE, f"{ibdev} port {port} state {state}")
-                )
-            rate = re.match(r"(\d+) Gb/sec", read(ports / port / "rate") or "")
-            if rate and not ifaces:
+def _net(pci: PciDevice) -> Device:
+    speeds = [i.speed * 1_000_000 for i in pci.net if i.speed is not None and i.speed > 0]
+    if not pci.net:
+        for port in pci.ib_ports:
+            rate = re.match(r"(\d+) Gb/sec", port.rate or "")
+            if rate:
                 speeds.append(int(rate.group(1)) * 1_000_000_000)
-    nodes = [f"/dev/infiniband/{v}" for v in listdir(pci.path / "infiniband_verbs")]
-    nodes += [f"/dev/infiniband/{m}" for m in listdir(pci.path / "infiniband_mad")]
-    if nodes and r.dev_exists("infiniband/rdma_cm"):
-        nodes.append("/dev/infiniband/rdma_cm")
-    driver = _link_name(pci.path / "driver")
-    group = _link_name(pci.path / "iommu_group")
-    if driver == "vfio-pci" and group:
-        nodes += ["/dev/vfio/vfio", f"/dev/vfio/{group}"]
-    attrs: list[tuple[str, AttrValue]] = [("rdma", bool(ibdevs)), ("driver", driver)]
-    if ifaces:
-        attrs.append(("interface", ifaces[0]))
-    if ibdevs:
-        attrs.append(("rdmaDevice", ibdevs[0]))
-        layer = read(pci.path / "infiniband" / ibdevs[0] / "ports" / "1" / "link_layer")
+    attrs: list[tuple[str, AttrValue]] = [("rdma", bool(pci.ib_devices)), ("driver", pci.driver)]
+    if pci.net:
+        attrs.append(("interface", pci.net[0].name))
+    if pci.ib_devices:
+        attrs.append(("rdmaDevice", pci.ib_devices[0]))
+        layer = next((p.link_layer for p in pci.ib_ports
+                      if p.device == pci.ib_devices[0] and p.port == "1"), None)  # fmt: skip
         attrs.append(("linkLayer", (layer or "Ethernet").lower()))
-    if kind == "vf":
-        parent = _link_name(pci.path / "physfn")
-        attrs.append(("physfn", parent))
+    if pci.family == "vf":
+        attrs.append(("physfn", pci.physfn))
     else:
-        attrs.append(("sriovTotalVFs", read_int(pci.path / "sriov_totalvfs") or 0))
-    prefix = "nic" if kind == "nic" else "vf"
+        attrs.append(("sriovTotalVFs", pci.sriov_totalvfs or 0))
+    prefix = "nic" if pci.family == "nic" else "vf"
     return _make(
-        r, pci, kind, f"{prefix}-{_bdf(pci.address)}",
+        pci, pci.family, f"{prefix}-{_bdf(pci.address)}",
         model="",
         bandwidth=max(speeds) if speeds else None,
-        dev_nodes=tuple(nodes),
-        env=(("HWSANDBOX_NETDEV", ifaces[0] if ifaces else pci.address),),
+        dev_nodes=pci.dev_nodes,
+        env=(("HWSANDBOX_NETDEV", pci.net[0].name if pci.net else pci.address),),
         attributes=tuple(attrs),
-        problems=tuple(problems),
-    )
+        problems=_problems(pci.symptoms),
+    )  # fmt: skip
 
 
-def _dfl_ports(pci: PciFunction) -> list[Path]:
-    found = {p.name: p for pattern in ("dfl-port.*", "*/dfl-port.*", "*/*/dfl-port.*")
-             for p in pci.path.glob(pattern)}  # fmt: skip
-    return [found[k] for k in sorted(found)]
-
-
-def _fpgas(r: SysRoot, pci: PciFunction) -> list[Device]:
-    ports = _dfl_ports(pci)
-    if not ports:
-        return [_make(r, pci, "fpga", f"fpga-{_bdf(pci.address)}",
-                      attributes=(("driver", _link_name(pci.path / "driver")),),
-                      problems=tuple(_aer(pci)))]  # fmt: skip
+def _fpgas(pci: PciDevice) -> list[Device]:
+    if not pci.dfl_ports:
+        return [_make(pci, "fpga", f"fpga-{_bdf(pci.address)}",
+                      attributes=(("driver", pci.driver),),
+                      problems=_problems(pci.symptoms))]  # fmt: skip
     devices = []
-    for port in ports:
+    for port in pci.dfl_ports:
         node = f"/dev/{port.name}"
-        afu = read(port / "afu_id") or ""
+        present = {node} if port.present else set()
         devices.append(_make(
-            r, pci, "fpga", f"fpga-{dns_label(port.name)}",
+            pci, "fpga", f"fpga-{dns_label(port.name)}",
             dev_nodes=(node,),
             env=(("HWSANDBOX_FPGA_PORT", port.name),),
-            attributes=(("port", port.name), ("afuID", afu),
-                        ("driver", _link_name(pci.path / "driver"))),
-            problems=tuple(_aer(pci) + _missing(r, node)),
+            attributes=(("port", port.name), ("afuID", port.afu_id), ("driver", pci.driver)),
+            problems=_problems([*pci.symptoms, *missing(node, present)]),
         ))  # fmt: skip
     return devices
 
 
+def from_scan(devices: Iterable[PciDevice]) -> list[Device]:
+    """Every GPU, NIC and FPGA of a scan as the driver describes it, sorted by name."""
+    out: list[Device] = []
+    for pci in devices:
+        if pci.family == "gpu":
+            out.append(_gpu(pci))
+        elif pci.family in ("nic", "vf"):
+            out.append(_net(pci))
+        elif pci.family == "fpga":
+            out += _fpgas(pci)
+    return sorted(out, key=lambda d: d.name)
+
+
 def discover(root: Path | str, ignore: Sequence[str] = ()) -> list[Device]:
     """Every GPU, NIC and FPGA below ``root``, sorted by name."""
-    r = SysRoot(Path(root))
-    skip = set(ignore)
-    devices: list[Device] = []
-    for pci in r.pci_functions():
-        if pci.address in skip:
-            continue
-        top = pci.pci_class >> 16
-        if pci.vendor in GPU_VENDORS and (top == 0x03 or (top == 0x12 and pci.vendor == 0x1002)):
-            devices.append(_gpu(r, pci))
-        elif top == 0x02:
-            devices.append(_net(r, pci, "vf" if pci.physfn else "nic"))
-        elif top == 0x12:
-            devices += _fpgas(r, pci)
-    return sorted(devices, key=lambda d: d.name)
+    return from_scan(scan(root, ignore))

@@ -1,0 +1,291 @@
+"""The one device model: what a root's ``sys/``, ``dev/`` and ``proc/`` say about each device.
+
+``scan(root)`` reads the tree once (through ``hwplugins.sysfs``) into typed, immutable
+``PciDevice`` records; the device plugin groups them into extended resources, the DRA
+driver into ResourceSlices, and neither reads a file itself, so the two cannot disagree
+about a device's nodes or health. Equal scans compare equal, which is how a rescan tells
+"nothing changed".
+
+What is read, by the function's family (``family``, from vendor and PCI class):
+
+    family   vendor, class                   facts read beyond ids, NUMA node, driver, AER
+    gpu      NVIDIA/AMD/Intel 0x03, AMD 0x12 NVIDIA: proc/driver/nvidia/gpus/<BDF>/information
+                                             others: drm/card*, drm/renderD*, product_name,
+                                             unique_id, mem_info_vram_total, sriov_numvfs
+    nic, vf  any 0x02 (vf: has ``physfn``)   net/*/{operstate,speed}, infiniband/*/ports/*,
+                                             infiniband_verbs, infiniband_mad, iommu_group,
+                                             sriov_totalvfs
+    fpga     any other 0x12                  dfl-port.N up to two directories down, afu_id
+    bridge   any 0x06                        nothing else (not even NUMA node, driver, AER):
+                                             a big node has one per device, none is offered
+    other    anything else                   nothing more
+
+Device nodes (``dev_nodes``, container paths, the device's own first, then the shared ones
+that exist): NVIDIA ``nvidiaN`` + ``nvidiactl``, ``nvidia-uvm``, ``nvidia-uvm-tools``,
+``nvidia-modeset``; DRM ``dri/cardN``, ``dri/renderDN`` (+ ``kfd`` for AMD); RDMA
+``infiniband/uverbsN``, ``umadN`` (+ ``rdma_cm``); ``vfio/vfio`` + ``vfio/<group>`` when
+bound to vfio-pci; FPGA ``dfl-portN``, one per port. Existence is answered from one listing
+of ``dev/`` and of ``dev/{dri,infiniband,vfio}``.
+
+Health (``symptoms``) comes from real kernel interfaces only:
+
+    aer-fatal     ``aer_dev_fatal`` TOTAL_ERR_FATAL > 0
+    dev-missing   the device's own primary /dev node is gone
+    link-down     a netdev's ``operstate`` is not ``up``
+    port-down     an InfiniBand port ``state`` is not ACTIVE
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from hwplugins.sysfs import (
+    PciFunction,
+    SysRoot,
+    aer_fatal_count,
+    entries,
+    link_name,
+    listdir,
+    numa_node,
+    read,
+    read_int,
+)
+
+NVIDIA, AMD, INTEL = 0x10DE, 0x1002, 0x8086
+GPU_VENDORS = (NVIDIA, AMD, INTEL)
+NVIDIA_SHARED = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+_DEV_SUBDIRS = ("dri", "infiniband", "vfio")
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """Why a device is unhealthy: ``reason`` a label-safe word, ``detail`` the evidence."""
+
+    reason: str  # aer-fatal | dev-missing | link-down | port-down
+    detail: str
+
+
+@dataclass(frozen=True)
+class NvidiaInfo:
+    """The NVIDIA driver's ``information`` file (absent when the driver is not bound)."""
+
+    minor: int | None
+    uuid: str
+    model: str
+
+
+@dataclass(frozen=True)
+class NetIface:
+    name: str
+    operstate: str | None
+    speed: int | None  # Mb/s as ``speed`` says; None when unknown
+
+
+@dataclass(frozen=True)
+class IbPort:
+    device: str  # the RDMA device, mlx5_0
+    port: str
+    state: str | None  # "4: ACTIVE"
+    rate: str | None  # "400 Gb/sec (4X NDR)"
+    link_layer: str | None  # InfiniBand | Ethernet
+
+
+@dataclass(frozen=True)
+class DflPort:
+    name: str  # dfl-port.N, also its /dev node
+    afu_id: str
+    present: bool  # /dev/dfl-port.N exists
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """One PCI function and everything a plugin needs to know about it."""
+
+    address: str
+    vendor: int
+    device: int
+    pci_class: int
+    family: str  # gpu | nic | vf | fpga | bridge | other
+    numa_node: int | None
+    pcie_root: str | None
+    driver: str  # the bound driver's name; "" when none
+    aer_fatal: int
+    physfn: str = ""  # a VF's physical function (its address)
+    nvidia: NvidiaInfo | None = None
+    drm_card: str | None = None
+    drm_render: str | None = None
+    product_name: str = ""
+    unique_id: str = ""
+    vram_total: int | None = None  # bytes (AMD's mem_info_vram_total)
+    sriov_numvfs: int | None = None
+    sriov_totalvfs: int | None = None
+    net: tuple[NetIface, ...] = ()
+    ib_ports: tuple[IbPort, ...] = ()
+    ib_devices: tuple[str, ...] = ()
+    iommu_group: str = ""
+    dfl_ports: tuple[DflPort, ...] = ()
+    dev_nodes: tuple[str, ...] = ()  # container paths, own nodes first (FPGA: per port)
+    symptoms: tuple[Symptom, ...] = ()  # for an FPGA with ports: the card's only
+
+    @property
+    def healthy(self) -> bool:
+        return not self.symptoms
+
+    @property
+    def primary_node(self) -> str | None:
+        """The node that IS the device (nvidiaN, dri/cardN...); None when it has none."""
+        if self.vendor == NVIDIA and self.family == "gpu":
+            minor = self.nvidia.minor if self.nvidia is not None else None
+            return f"/dev/nvidia{minor}" if minor is not None else None
+        if self.drm_card is not None or self.drm_render is not None:
+            return self.dev_nodes[0]
+        return None
+
+
+def family_of(vendor: int, pci_class: int, is_vf: bool) -> str:
+    top = pci_class >> 16
+    if vendor in GPU_VENDORS and (top == 0x03 or (top == 0x12 and vendor == AMD)):
+        return "gpu"
+    if top == 0x02:
+        return "vf" if is_vf else "nic"
+    if top == 0x06:
+        return "bridge"
+    return "fpga" if top == 0x12 else "other"
+
+
+def aer_symptoms(count: int) -> list[Symptom]:
+    return [Symptom("aer-fatal", f"aer_dev_fatal TOTAL_ERR_FATAL {count}")] if count > 0 else []
+
+
+def missing(node: str, present: set[str] | frozenset[str]) -> list[Symptom]:
+    return [] if node in present else [Symptom("dev-missing", f"{node} missing")]
+
+
+class _Scanner:
+    def __init__(self, root: SysRoot) -> None:
+        self.r = root
+        self.dev = root.dev_names()
+        for sub in _DEV_SUBDIRS:
+            if f"/dev/{sub}" in self.dev:
+                self.dev |= root.dev_names(sub)
+
+    def device(self, pci: PciFunction) -> PciDevice:
+        family = family_of(pci.vendor, pci.pci_class, pci.physfn)
+        if family == "bridge":  # as many as the devices behind them, and nothing to offer
+            return PciDevice(pci.address, pci.vendor, pci.device, pci.pci_class, family,
+                             None, None, "", 0)  # fmt: skip
+        base = PciDevice(
+            address=pci.address, vendor=pci.vendor, device=pci.device,
+            pci_class=pci.pci_class, family=family, numa_node=numa_node(pci.path),
+            pcie_root=self.r.pcie_root(pci.address), driver=link_name(f"{pci.path}/driver"),
+            aer_fatal=aer_fatal_count(pci.path),
+        )  # fmt: skip
+        if family == "gpu" and pci.vendor == NVIDIA:
+            return self._nvidia(base)
+        if family == "gpu" or pci.pci_class >> 16 == 0x03:  # any display controller
+            return self._drm(base, pci.path)
+        if family in ("nic", "vf"):
+            return self._net(base, pci.path)
+        if family == "fpga":
+            return self._fpga(base, pci.path)
+        return replace(base, symptoms=tuple(aer_symptoms(base.aer_fatal)))
+
+    def _shared(self, names: Iterable[str]) -> list[str]:
+        return [f"/dev/{n}" for n in names if f"/dev/{n}" in self.dev]
+
+    def _nvidia(self, d: PciDevice) -> PciDevice:
+        text = read(self.r.path(f"proc/driver/nvidia/gpus/{d.address}/information"))
+        info = None
+        nodes = self._shared(NVIDIA_SHARED)
+        symptoms = aer_symptoms(d.aer_fatal)
+        if text is not None:
+            fields = {k.strip(): v for k, v in _INFO.findall(text)}
+            minor = fields.get("Device Minor", "")
+            info = NvidiaInfo(int(minor) if minor.isdigit() else None,
+                              fields.get("GPU UUID", ""), fields.get("Model", ""))  # fmt: skip
+            if info.minor is not None:
+                primary = f"/dev/nvidia{info.minor}"
+                nodes.insert(0, primary)
+                symptoms += missing(primary, self.dev)
+        return replace(d, nvidia=info, dev_nodes=tuple(nodes), symptoms=tuple(symptoms))
+
+    def _drm(self, d: PciDevice, path: str) -> PciDevice:
+        drm = listdir(f"{path}/drm")
+        card = next((n for n in drm if re.fullmatch(r"card\d+", n)), None)
+        render = next((n for n in drm if re.fullmatch(r"renderD\d+", n)), None)
+        nodes = [f"/dev/dri/{n}" for n in (card, render) if n]
+        if d.vendor == AMD:
+            nodes += self._shared(["kfd"])
+        symptoms = aer_symptoms(d.aer_fatal) + (missing(nodes[0], self.dev) if nodes else [])
+        return replace(
+            d, drm_card=card, drm_render=render,
+            product_name=read(f"{path}/product_name") or "",
+            unique_id=read(f"{path}/unique_id") or "",
+            vram_total=read_int(f"{path}/mem_info_vram_total"),
+            sriov_numvfs=read_int(f"{path}/sriov_numvfs"),
+            dev_nodes=tuple(nodes), symptoms=tuple(symptoms),
+        )  # fmt: skip
+
+    def _net(self, d: PciDevice, path: str) -> PciDevice:
+        symptoms = aer_symptoms(d.aer_fatal)
+        ifaces = []
+        for name in listdir(f"{path}/net"):
+            iface = NetIface(name, read(f"{path}/net/{name}/operstate"),
+                             read_int(f"{path}/net/{name}/speed"))  # fmt: skip
+            if iface.operstate is not None and iface.operstate != "up":
+                symptoms.append(Symptom("link-down", f"{name} operstate {iface.operstate}"))
+            ifaces.append(iface)
+        ib_devices = listdir(f"{path}/infiniband")
+        ports = []
+        for ibdev in ib_devices:
+            base = f"{path}/infiniband/{ibdev}/ports"
+            for port in listdir(base):
+                p = IbPort(ibdev, port, read(f"{base}/{port}/state"),
+                           read(f"{base}/{port}/rate"), read(f"{base}/{port}/link_layer"))
+                if p.state is not None and "ACTIVE" not in p.state.upper():
+                    symptoms.append(Symptom("port-down", f"{ibdev} port {port} state {p.state}"))
+                ports.append(p)
+        nodes = [f"/dev/infiniband/{v}" for v in listdir(f"{path}/infiniband_verbs")]
+        nodes += [f"/dev/infiniband/{m}" for m in listdir(f"{path}/infiniband_mad")]
+        if nodes:
+            nodes += self._shared(["infiniband/rdma_cm"])
+        group = link_name(f"{path}/iommu_group")
+        if d.driver == "vfio-pci" and group:
+            nodes += ["/dev/vfio/vfio", f"/dev/vfio/{group}"]
+        return replace(
+            d, physfn=link_name(f"{path}/physfn") if d.family == "vf" else "",
+            sriov_totalvfs=read_int(f"{path}/sriov_totalvfs") if d.family == "nic" else None,
+            net=tuple(ifaces), ib_ports=tuple(ports), ib_devices=tuple(ib_devices),
+            iommu_group=group, dev_nodes=tuple(nodes), symptoms=tuple(symptoms),
+        )  # fmt: skip
+
+    def _fpga(self, d: PciDevice, path: str) -> PciDevice:
+        found: dict[str, str] = {}  # dfl-port.N -> its directory, the nearest one
+        level = [path]
+        for depth in range(3):  # the function's directory and two levels below it
+            below = []
+            for where in level:
+                names, dirs = entries(where)
+                for name in names:
+                    if name.startswith("dfl-port.") and name not in found:
+                        found[name] = f"{where}/{name}"
+                below += [f"{where}/{n}" for n in dirs] if depth < 2 else []
+            level = below
+        ports = tuple(DflPort(name, read(f"{found[name]}/afu_id") or "",
+                              f"/dev/{name}" in self.dev)
+                      for name in sorted(found))  # fmt: skip
+        return replace(d, dfl_ports=ports, symptoms=tuple(aer_symptoms(d.aer_fatal)))
+
+
+_INFO = re.compile(r"^([A-Za-z ]+):\s*(.*?)\s*$", re.M)
+
+
+def scan(root: str | os.PathLike[str], ignore: Iterable[str] = ()) -> list[PciDevice]:
+    """Every PCI function with readable ids below ``root``, sorted by address."""
+    r = SysRoot(root)
+    skip = set(ignore)
+    scanner = _Scanner(r)
+    return [scanner.device(pci) for pci in r.pci_functions() if pci.address not in skip]
