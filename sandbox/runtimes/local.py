@@ -138,10 +138,7 @@ class LocalRuntime:
         if not node.devices:
             return
         d = node_dir(state_dir, node.name)
-        with ControlClient(d / "control.sock") as client:
-            plugged = sum(1 for dev in client.devices().values()
-                          if dev.get("state", {}).get("plugged", True))
-        expected = _advertisable(node, plugged)
+        expected = _advertised(d / "root")
         if expected == 0:
             return
         deadline = time.monotonic() + READY_TIMEOUT
@@ -239,8 +236,17 @@ def _ours(info: dict[str, Any]) -> list[tuple[str, int]]:
             if same_process(int(pid), starts.get(what))]
 
 
+def _advertised(root: Path) -> int:
+    """How many devices our plugin advertises on a node's live tree, asked of the plugin's
+    own discovery and grouping (hwplugins), so the wait cannot drift from its rules."""
+    from hwplugins.deviceplugin import discover
+
+    return len(discover(root))
+
+
 def _advertisable(node: NodeSpec, plugged: int) -> int:
-    """How many devices our plugin advertises for a node: GPUs, VFs, FPGA ports."""
+    """An estimate from the spec alone, for a runtime with no tree on the host (kind);
+    where the tree is mounted here, ``_advertised`` gives the exact count."""
     count = 0
     for dev in node.devices:
         if dev.gpu is not None:
