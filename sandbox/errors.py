@@ -2,6 +2,7 @@
 
     SandboxError                 base; the CLI catches only this and prints ``error: ...``
     ├── ProfileError             one or more problems in a profile, each with file:line:col
+    ├── SpecError                a resolved spec file (``sandbox.profile.spec.load``) is unusable
     ├── RenderError              a tree cannot be written where asked
     ├── MountError               a FUSE mount cannot be made, served or recovered
     ├── ControlError             the control API refused a request or cannot be reached
@@ -46,6 +47,10 @@ class ProfileError(SandboxError):
     def __init__(self, problems: Sequence[Problem]) -> None:
         self.problems = list(problems)
         super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class SpecError(SandboxError):
+    """A serialised resolved spec is not one this version can load (names the field)."""
 
 
 class RenderError(SandboxError):

@@ -2,7 +2,8 @@
 
 ``resolve`` computes these from a profile; the tree builder, the runtimes, the DRA
 slices and the drawings only read them. Everything is a frozen dataclass of plain values
-(ints, strings, tuples), so a node spec compares by value.
+(ints, strings, tuples), so a node spec compares by value, and ``dump``/``load`` write
+it as JSON and read it back to an equal object (docs/spec-format.md).
 
     Cluster(name, description, nodes)
       NodeSpec(cpu, cpus, numa, memory, host_bridges, bridges, devices, ...)
@@ -11,7 +12,15 @@ slices and the drawings only read them. Everything is a frozen dataclass of plai
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
+import types
+import typing
 from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox.errors import SpecError
 
 Loc = tuple[str | int, ...]  # a field path in the profile: ("nodes", 0, "devices", 2)
 
@@ -225,3 +234,151 @@ class Cluster:
             if n.base_name == name and (index is None or n.index == index):
                 return n
         return None
+
+
+# -- serialised form ---------------------------------------------------------------------
+# A node spec (or a whole cluster) as JSON, so that every process of a sandbox can work
+# from the same resolved spec instead of re-resolving the profile. docs/spec-format.md
+# describes the shape; FORMAT_VERSION changes whenever a field does.
+
+FORMAT = "hwsandbox.dev/resolved-spec"
+FORMAT_VERSION = 1
+_KINDS: dict[str, type[NodeSpec] | type[Cluster]] = {"NodeSpec": NodeSpec, "Cluster": Cluster}
+
+
+def dump(spec: NodeSpec | Cluster) -> str:
+    """The JSON text of ``spec``: ``load`` gives back an equal object."""
+    kind = type(spec).__name__
+    body = _encode_node(spec) if isinstance(spec, NodeSpec) else _encode(spec)
+    if isinstance(spec, Cluster):
+        assert isinstance(body, dict)
+        body["nodes"] = [_encode_node(n) for n in spec.nodes]
+    doc = {"format": FORMAT, "version": FORMAT_VERSION, "kind": kind, "spec": body}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def load(text: str | bytes) -> NodeSpec | Cluster:
+    """A spec written by ``dump``; SpecError (naming the field) for anything else."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise SpecError(f"not a resolved spec (not JSON: {exc})") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise SpecError(f"not a resolved spec (no \"format\": \"{FORMAT}\")")
+    if doc.get("version") != FORMAT_VERSION:
+        raise SpecError(f"resolved spec version {doc.get('version')!r}; this sandbox reads "
+                        f"version {FORMAT_VERSION} (resolve the profile again)")
+    kind = _KINDS.get(doc.get("kind"))  # type: ignore[arg-type]
+    if kind is None or set(doc) != {"format", "version", "kind", "spec"}:
+        raise SpecError(f"resolved spec: expected kind NodeSpec or Cluster and the keys "
+                        f"format, version, kind, spec; got {sorted(doc)}")
+    body = doc["spec"]
+    if kind is Cluster:
+        if isinstance(body, dict) and isinstance(body.get("nodes"), list):
+            body = dict(body, nodes=[_expand_node(n, ("spec", "nodes", i))
+                                     for i, n in enumerate(body["nodes"])])
+    else:
+        body = _expand_node(body, ("spec",))
+    return _decode(kind, body, ("spec",))  # type: ignore[no-any-return]
+
+
+def load_node(text: str | bytes) -> NodeSpec:
+    spec = load(text)
+    if not isinstance(spec, NodeSpec):
+        raise SpecError("resolved spec: a Cluster, not a NodeSpec (dump one node)")
+    return spec
+
+
+def _encode(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, tuple):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _encode_node(node: NodeSpec) -> dict[str, Any]:
+    """A device's physical functions are written once, in ``pci``; the device names them
+    by address."""
+    body: dict[str, Any] = _encode(node)
+    for d in body["devices"]:
+        d["functions"] = [f["address"] for f in d["functions"]]
+    return body
+
+
+def _expand_node(body: Any, at: Loc) -> Any:
+    if not isinstance(body, dict) or not isinstance(body.get("pci"), list):
+        return body  # _decode names what is missing
+    by_address = {f.get("address"): f for f in body["pci"] if isinstance(f, dict)}
+    devices = body.get("devices")
+    if not isinstance(devices, list):
+        return body
+    out = []
+    for i, d in enumerate(devices):
+        if isinstance(d, dict) and isinstance(d.get("functions"), list):
+            missing = [a for a in d["functions"] if a not in by_address]
+            if missing:
+                raise SpecError(f"{_where((*at, 'devices', i, 'functions'))}: "
+                                f"{missing[0]!r} is not a function in pci")
+            d = dict(d, functions=[by_address[a] for a in d["functions"]])
+        out.append(d)
+    return dict(body, devices=out)
+
+
+def _where(at: Loc) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in at).lstrip(".")
+
+
+_SCALARS = (int, str, bool)
+
+
+def _decode(hint: Any, value: Any, at: Loc) -> Any:
+    if hint in _SCALARS:
+        if type(value) is hint:
+            return value
+        raise SpecError(f"{_where(at)}: expected {hint.__name__}, got {value!r}")
+    if dataclasses.is_dataclass(hint):
+        return _decode_dataclass(hint, value, at)
+    origin = typing.get_origin(hint)
+    if origin is types.UnionType or origin is typing.Union:
+        for option in typing.get_args(hint):
+            try:
+                return _decode(option, value, at)
+            except SpecError:
+                continue
+        raise SpecError(f"{_where(at)}: {value!r} is none of {hint}")
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise SpecError(f"{_where(at)}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_decode(args[0], v, (*at, i)) for i, v in enumerate(value))
+        if len(args) != len(value):
+            raise SpecError(f"{_where(at)}: expected {len(args)} items, got {len(value)}")
+        pairs = zip(args, value, strict=True)
+        return tuple(_decode(a, v, (*at, i)) for i, (a, v) in enumerate(pairs))
+    if hint is type(None) and value is None:
+        return None
+    raise SpecError(f"{_where(at)}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+
+
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:
+    """Field name -> type of a dataclass, in field order."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _decode_dataclass(cls: Any, value: Any, at: Loc) -> Any:
+    if not isinstance(value, dict):
+        raise SpecError(f"{_where(at) or 'spec'}: expected an object, got {value!r}")
+    hints = _hints(cls)
+    unknown = sorted(set(value) - set(hints))
+    if unknown:
+        raise SpecError(f"{_where((*at, unknown[0]))}: unknown field")
+    kwargs = {}
+    for name in hints:
+        if name not in value:
+            raise SpecError(f"{_where((*at, name))}: missing")
+        kwargs[name] = _decode(hints[name], value[name], (*at, name))
+    return cls(**kwargs)
