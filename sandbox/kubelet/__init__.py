@@ -2,6 +2,7 @@
 
 devicemanager  Registration server on <dir>/kubelet.sock; plugin clients; restart();
                allocate() with TopologyManager policies; snapshot(); the protocol log
+resources      what it shows: resources, devices, health, allocations, events (values)
 topology       NUMA hints, policy merge and device choice (pure)
 pluginwatcher  plugins_registry: GetInfo / NotifyRegistrationStatus; DRA prepare calls
 conformance    check(plugin_cmd): grade a plugin's kubelet protocol behaviour
@@ -9,16 +10,16 @@ conformance    check(plugin_cmd): grade a plugin's kubelet protocol behaviour
 
 from sandbox.errors import AllocationError, KubeletError, TopologyAffinityError
 from sandbox.kubelet.conformance import CheckReport, CheckResult, check
-from sandbox.kubelet.devicemanager import (
+from sandbox.kubelet.devicemanager import DeviceManager
+from sandbox.kubelet.pluginwatcher import Claim, PluginWatcher, RegisteredPlugin
+from sandbox.kubelet.resources import (
     Allocation,
     DeviceInfo,
-    DeviceManager,
     Event,
     ResourceState,
     Snapshot,
     is_extended_resource_name,
 )
-from sandbox.kubelet.pluginwatcher import Claim, PluginWatcher, RegisteredPlugin
 from sandbox.kubelet.topology import Hint, Policy
 
 __all__ = [

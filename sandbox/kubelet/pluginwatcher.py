@@ -30,7 +30,7 @@ from hwplugins.api import (
 )
 
 from sandbox.errors import KubeletError
-from sandbox.kubelet.devicemanager import Event
+from sandbox.kubelet.resources import Event
 
 log = logging.getLogger("sandbox.kubelet")
 
