@@ -1,0 +1,195 @@
+"""The control API's wire format: where a node's socket lives, and its requests.
+
+One JSON object per line (docs/control-api.md); ``parse_request`` turns a decoded request
+into the ``Change`` it asks for, refusing anything else with a ControlError that names
+the field. Both ends (``control`` the server, ``controlclient`` the client) use it.
+
+Where things live (``control_paths``): for a mount at ``ROOT`` the socket is
+``ROOT.sock`` and the saved states ``ROOT.state.json``, next to the mount point; with an
+explicit ``state_dir`` they are ``state_dir/control.sock`` and ``state_dir/state.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import ControlError
+from sandbox.fakehw.live import OPS, Change, Op
+from sandbox.fakehw.tree import Health, Reason
+
+PROTOCOL_VERSION = 1
+MAX_LINE = 64 * 1024
+# Bounds that keep a hostile request cheap to refuse:
+MAX_DIGITS = 20  # integers in a request (ids, num_vfs) are small
+MAX_DEPTH = 8  # requests are flat objects; deeper JSON is refused before it is decoded
+_COMMON_KEYS = frozenset({"v", "op", "id"})
+_OP_KEYS: dict[str, frozenset[str]] = {
+    "get": frozenset(),
+    "watch": frozenset(),
+    "health": frozenset({"device", "health", "reason"}),
+    "unplug": frozenset({"device"}),
+    "plug": frozenset({"device"}),
+    "set-vfs": frozenset({"device", "num_vfs", "port"}),
+}
+MAX_VFS = 4096
+MAX_PORT = 255  # physical functions of one device (a PCI device has at most 256)
+
+
+@dataclass(frozen=True)
+class ControlPaths:
+    """Where a live node's control socket and saved states are."""
+
+    socket: Path
+    state: Path
+
+
+def control_paths(
+    root: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None
+) -> ControlPaths:
+    """The socket and state-file paths for a mount at ``root`` (see the module doc)."""
+    if state_dir is not None:
+        base = Path(state_dir).absolute()
+        return ControlPaths(base / "control.sock", base / "state.json")
+    r = Path(root).absolute()
+    return ControlPaths(r.parent / f"{r.name}.sock", r.parent / f"{r.name}.state.json")
+
+
+# -- requests -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    op: str
+    id: str | int | None
+    change: Change | None
+
+
+def parse_request(obj: object) -> Request:
+    """Validate one decoded request. Raises ControlError naming the first problem."""
+    if not isinstance(obj, dict):
+        raise ControlError("a request must be a JSON object")
+    rid = obj.get("id")
+    if rid is not None and (not isinstance(rid, str | int) or isinstance(rid, bool)):
+        raise ControlError("id: expected a string or an integer")
+    if "v" not in obj:
+        raise ControlError(f'v: missing protocol version (send "v": {PROTOCOL_VERSION})')
+    if type(obj["v"]) is not int or obj["v"] != PROTOCOL_VERSION:
+        raise ControlError(
+            f"v: unsupported protocol version {obj['v']!r} (have {PROTOCOL_VERSION})"
+        )
+    op = obj.get("op")
+    if not isinstance(op, str) or op not in _OP_KEYS:
+        raise ControlError(f"op: expected one of {', '.join(_OP_KEYS)}, got {op!r}")
+    extra = set(obj) - _COMMON_KEYS - _OP_KEYS[op]
+    if extra:
+        raise ControlError(f"{op}: unexpected field(s) {', '.join(sorted(extra))}")
+    if op in ("get", "watch"):
+        return Request(op, rid, None)
+    device = obj.get("device")
+    if not isinstance(device, str) or not device:
+        raise ControlError(f"{op}: device: expected a device id such as gpu0")
+    assert op in OPS
+    change_op: Op = op
+    if op == "health":
+        return Request(op, rid, _health_change(obj, device))
+    if op == "set-vfs":
+        return Request(op, rid, _vfs_change(obj, device))
+    return Request(op, rid, Change(change_op, device))
+
+
+def _health_change(obj: dict[str, Any], device: str) -> Change:
+    health_s = obj.get("health")
+    health_values = [h.value for h in Health]
+    if health_s not in health_values:
+        raise ControlError(f"health: health: expected one of {', '.join(health_values)}")
+    health = Health(health_s)
+    reason_s = obj.get("reason")
+    reason_values = [r.value for r in Reason]
+    if health is Health.HEALTHY:
+        if reason_s is not None:
+            raise ControlError("health: reason: a healthy device takes no reason")
+        return Change("health", device, health=health)
+    if reason_s not in reason_values:
+        raise ControlError(f"health: reason: expected one of {', '.join(reason_values)}")
+    return Change("health", device, health=health, reason=Reason(reason_s))
+
+
+def _vfs_change(obj: dict[str, Any], device: str) -> Change:
+    n = obj.get("num_vfs")
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= MAX_VFS:
+        raise ControlError(f"set-vfs: num_vfs: expected an integer 0..{MAX_VFS}")
+    port = obj.get("port")
+    if port is not None and (
+        not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= MAX_PORT
+    ):
+        raise ControlError(f"set-vfs: port: expected an integer 0..{MAX_PORT}")
+    return Change("set-vfs", device, num_vfs=n, port=port)
+
+
+def decode_request(raw: bytes) -> object:
+    """One request line -> JSON value, refusing what no client sends: nesting deeper than
+    MAX_DEPTH, integers longer than MAX_DIGITS, NaN/Infinity, duplicate keys. Raises
+    ControlError with the reason."""
+    if _depth(raw) > MAX_DEPTH:
+        raise ControlError(f"not a request: JSON nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(raw, parse_int=_parse_int, parse_constant=_no_constant,
+                          object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ControlError(f"not a JSON line: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ControlError(f"not a request: {exc}") from None
+
+
+def _depth(raw: bytes) -> int:
+    """The deepest nesting of [ and { outside strings (a cheap scan, no recursion)."""
+    deepest = depth = 0
+    in_string = escaped = False
+    for byte in raw:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_DEPTH:
+                return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise ValueError(f"integer with more than {MAX_DIGITS} digits")
+    return int(text)
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def encode_line(obj: Mapping[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def error_reply(rid: str | int | None, message: str) -> dict[str, Any]:
+    return {"v": PROTOCOL_VERSION, "ok": False, "id": rid, "error": message}
