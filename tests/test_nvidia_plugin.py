@@ -73,6 +73,8 @@ class PluginNode:
 
 
 def _run_plugin(profile: str, node: str, *flags: str) -> Iterator[PluginNode]:
+    """The plugin against ``node``; its /sys, /dev and /proc/driver (MIG capabilities) are
+    the tree's."""
     binary = nvidia_binary("nvidia-device-plugin")
     require_private_mounts()
     with live_node(profile, node) as live, short_dir("nv-") as base:
@@ -80,7 +82,8 @@ def _run_plugin(profile: str, node: str, *flags: str) -> Iterator[PluginNode]:
             cmd = in_private_mounts(
                 [str(binary), "--pass-device-specs", *flags],
                 [Tmpfs("/var/lib"), Bind(str(dm.directory), KUBELET_PLUGIN_DIR),
-                 Bind(str(live.root / "sys"), "/sys"), Bind(str(live.root / "dev"), "/dev")],
+                 Bind(str(live.root / "sys"), "/sys"), Bind(str(live.root / "dev"), "/dev"),
+                 Bind(str(live.root / "proc/driver"), "/proc/driver")],
             )  # fmt: skip
             log, nvml_log = base / "plugin.log", base / "nvml.log"
             with log.open("wb") as out:
@@ -152,3 +155,32 @@ def test_nvidia_plugin_sees_faults_through_xid_events(h100_node: PluginNode) -> 
     snap = h100_node.wait(lambda s: s.allocatable(GPU) == 6, "gpu6 lost")
     assert {d.id for d in snap.resources[GPU].devices if d.health != "Healthy"} == {gpu3, gpu6}
     assert f"XidCriticalError: Xid=79 on Device={gpu6}" in h100_node.log.read_text()
+
+
+# each A100 80GB in the balanced layout (docs/nvml.md): 3g.40gb + 2g.20gb + 2 x 1g.10gb
+MIG_EXPECTED = {"nvidia.com/mig-3g.40gb": 4, "nvidia.com/mig-2g.20gb": 4,
+                "nvidia.com/mig-1g.10gb": 8}  # fmt: skip
+
+
+@pytest.fixture
+def mig_node() -> Iterator[PluginNode]:
+    yield from _run_plugin("mig-partitions.yaml", "mig-worker", "--mig-strategy", "mixed")
+
+
+def test_nvidia_plugin_mixed_mig_strategy_advertises_each_profile(mig_node: PluginNode) -> None:
+    """mig-partitions: four A100 80GB in MIG mode; one resource per MIG profile in use."""
+    state = (mig_node.live.root / "proc/driver/nvidia/hwsandbox/nvml").read_text()
+    migs = re.findall(r"^mig \S+ .* name=(\S+) uuid=(\S+)$", state, re.MULTILINE)
+    assert {f"nvidia.com/mig-{n}": sum(1 for m, _ in migs if m == n)
+            for n, _ in migs} == MIG_EXPECTED  # fmt: skip
+    snap = mig_node.wait(lambda s: all(s.capacity(r) == c for r, c in MIG_EXPECTED.items()),
+                         "MIG resources")  # fmt: skip
+    assert snap.capacity(GPU) == 0
+    uuids = {u for _, u in migs}
+    for resource in MIG_EXPECTED:
+        assert {d.id for d in snap.resources[resource].devices} <= uuids
+    alloc = mig_node.dm.allocate("nvidia.com/mig-3g.40gb", 1)
+    assert alloc.envs["NVIDIA_VISIBLE_DEVICES"] == alloc.device_ids[0]
+    # the parent GPU's node and the instance's two nvidia-caps access nodes
+    nodes = sorted(c for c, _, _ in alloc.devices)
+    assert sum(1 for c in nodes if c.startswith("/dev/nvidia-caps/nvidia-cap")) == 2, nodes

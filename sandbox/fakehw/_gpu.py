@@ -56,6 +56,7 @@ def add_nvidia(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str], plan: PciP
         )
         ctx.chardev("nvidia-caps/nvidia-cap1", NVIDIA_CAPS_MAJOR, 1, None, mode=0o400)
         ctx.chardev("nvidia-caps/nvidia-cap2", NVIDIA_CAPS_MAJOR, 2, None, mode=0o444)
+        _mig_caps(ctx, [d for d in gpus if d.address in pci])
     # Sandbox-owned, for our NVML (docs/nvml.md): rebuilt with the tree on every change.
     ctx.file(_nvml.STATE_PATH, _nvml.state_text(gpus, pci, ctx.states, NVIDIA_DRIVER_VERSION))
     for dev in gpus:
@@ -77,6 +78,33 @@ def add_nvidia(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str], plan: PciP
             f"GPU Firmware: \t {NVIDIA_DRIVER_VERSION}\n"
             "GPU Excluded:\t No\n",
         )
+
+
+def _mig_caps(ctx: Ctx, gpus: list[DeviceSpec]) -> None:
+    """The access capabilities of each MIG GPU and compute instance (the layout our NVML
+    reports, docs/nvml.md): ``proc/driver/nvidia-caps/mig-minors`` names each one's
+    nvidia-caps minor, ``proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<N>[/ci<M>]/
+    access`` and ``dev/nvidia-caps/nvidia-cap<minor>`` hold them, as the driver's
+    nvidia-caps module lays them out (15 GPU instances of 8 compute instances per GPU)."""
+    lines = ["config 1", "monitor 2"]
+
+    def cap(path: str, name: str, minor: int) -> None:
+        lines.append(f"{name} {minor}")
+        ctx.file(f"proc/driver/nvidia/capabilities/{path}",
+                 f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+        ctx.chardev(f"nvidia-caps/nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor, None,
+                    mode=0o444)
+
+    for dev in sorted(gpus, key=lambda d: d.gpu.minor if d.gpu else 0):
+        gpu = dev.gpu
+        if gpu is None or gpu.partitions is None or not _nvml.mig_enabled(dev):
+            continue
+        for m in _nvml.mig_layout(gpu.partitions):
+            gi_minor = 3 + gpu.minor * 15 * 9 + m.gi * 9
+            cap(f"gpu{gpu.minor}/mig/gi{m.gi}/access", f"gpu{gpu.minor}/gi{m.gi}/access", gi_minor)
+            cap(f"gpu{gpu.minor}/mig/gi{m.gi}/ci0/access",
+                f"gpu{gpu.minor}/gi{m.gi}/ci0/access", gi_minor + 1)
+    ctx.file("proc/driver/nvidia-caps/mig-minors", "\n".join(lines) + "\n")
 
 
 def drm_minors(index: int) -> tuple[int, int]:
