@@ -13,21 +13,21 @@ import contextlib
 import logging
 import os
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
+from sandbox import supervisor
 from sandbox.errors import MountError, SandboxError
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.control import ControlPaths
 from sandbox.fakehw.fs import DEFAULT_DEV_MAP, check_mount_root, serve
 from sandbox.fakehw.tree import CharDevice, DeviceState, Health, Reason, Tree, check_component
 from sandbox.profile import NodeSpec, load_profile
+from sandbox.supervisor import Proc
 
 log = logging.getLogger(__name__)
 
@@ -206,22 +206,12 @@ def run_node(profile_path: str, node: str, root: Path, *, index: int | None = No
             remove_device_nodes(made, dev_dir, dev_map)
 
 
-@dataclass
-class Starting:
-    """A node server that was started detached and has not said ``ready`` yet."""
-
-    node: str
-    proc: subprocess.Popen[bytes]
-    log_file: Path
-
-
 def start_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
                state_dir: Path | None, log_file: Path, dev_dir: Path | None = None,
-               extra: Sequence[str] = ()) -> Starting:
-    """Start ``sandbox mount`` for one node, detached (``setsid -f``: not our child).
-    ``state_dir`` None: the control socket is ``ROOT.sock`` beside the mount."""
-    argv = ["setsid", "-f", sys.executable, "-m", "sandbox", "mount", profile_path,
-            "--node", node, str(root)]
+               extra: Sequence[str] = ()) -> Proc:
+    """Start ``sandbox mount`` for one node, detached (``sandbox.supervisor``); returns at
+    once. ``state_dir`` None: the control socket is ``ROOT.sock`` beside the mount."""
+    argv = [sys.executable, "-m", "sandbox", "mount", profile_path, "--node", node, str(root)]
     if state_dir is not None:
         argv += ["--state-dir", str(state_dir)]
     if index is not None:
@@ -229,64 +219,26 @@ def start_node(profile_path: str, node: str, root: Path, *, index: int | None = 
     if dev_dir is not None:
         argv += ["--dev-dir", str(dev_dir)]
     argv += list(extra)
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("ab") as out:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=out,
-                                stdin=subprocess.DEVNULL)
-    return Starting(node, proc, log_file)
+    return supervisor.spawn(f"mount {node}", argv, log_file)
 
 
-def first_line(proc: subprocess.Popen[bytes], timeout: float, *,
-               stop_when_exited: bool = True) -> bytes:
-    """The first line ``proc`` writes to its stdout pipe (b"" if none within ``timeout``);
-    the pipe is closed afterwards. ``stop_when_exited=False`` for ``setsid -f``, whose
-    own process exits at once while the detached child still holds the pipe."""
-    assert proc.stdout is not None
-    os.set_blocking(proc.stdout.fileno(), False)
-    line = b""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and b"\n" not in line:
-        chunk = proc.stdout.read()
-        if chunk == b"":
-            break  # end of file: every writer (the detached server too) has exited
-        line += chunk or b""
-        if b"\n" in line or (stop_when_exited and proc.poll() is not None):
-            break
-        time.sleep(0.01)
-    proc.stdout.close()
-    return line
-
-
-def log_tail(log_file: Path, lines: int = 5) -> str:
-    """The last lines of a log, joined for a one-line error message: its ``error:`` lines
-    when it has some (a traceback's frames say nothing to a user), else its last lines."""
+def wait_node(proc: Proc, timeout: float = 20.0) -> Proc:
+    """Until the server says ``ready SOCKET PID``. MountError otherwise."""
     try:
-        text = log_file.read_text(errors="replace")
-    except OSError:
-        return "no output"
-    all_lines = text.strip().splitlines()
-    errors = [ln for ln in all_lines if ln.startswith("error: ")]
-    return " | ".join((errors or all_lines)[-lines:]) or "no output"
-
-
-def wait_node(starting: Starting, timeout: float = 20.0) -> int:
-    """Until the server says ``ready SOCKET PID``; returns its pid. MountError otherwise."""
-    line = first_line(starting.proc, timeout, stop_when_exited=False)
-    starting.proc.wait()  # setsid -f returns at once; the server lives on, detached
-    fields = line.split()
-    if len(fields) != 3 or fields[0] != b"ready" or not fields[2].isdigit():
-        raise MountError(f"node {starting.node}: the FUSE server did not come up: "
-                         f"{log_tail(starting.log_file)}")
-    return int(fields[2])
+        supervisor.wait_ready(proc, timeout)
+    except supervisor.SpawnError as exc:
+        raise MountError(f"{proc.name}: the FUSE server did not come up: "
+                         f"{supervisor.log_tail(proc.log)}") from exc
+    return proc
 
 
 def spawn_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
                state_dir: Path | None, log_file: Path, dev_dir: Path | None = None,
-               extra: Sequence[str] = (), timeout: float = 20.0) -> int:
-    """Start one node's server detached and wait until it serves; returns its pid."""
-    starting = start_node(profile_path, node, root, index=index, state_dir=state_dir,
-                          log_file=log_file, dev_dir=dev_dir, extra=extra)
-    return wait_node(starting, timeout)
+               extra: Sequence[str] = (), timeout: float = 20.0) -> Proc:
+    """Start one node's server detached and wait until it serves."""
+    proc = start_node(profile_path, node, root, index=index, state_dir=state_dir,
+                      log_file=log_file, dev_dir=dev_dir, extra=extra)
+    return wait_node(proc, timeout)
 
 
 def wait_unmounted(root: Path, timeout: float = 10.0) -> bool:
@@ -304,10 +256,4 @@ def unmount(root: Path) -> None:
 
     recover_mount(root)
     if os.path.ismount(root):
-        result = subprocess.run(["fusermount3", "-u", str(root)], capture_output=True,
-                                text=True, check=False)
-        if result.returncode != 0:
-            result = subprocess.run(["fusermount3", "-uz", str(root)], capture_output=True,
-                                    text=True, check=False)
-            if result.returncode != 0:
-                raise MountError(f"{root}: cannot unmount: {result.stderr.strip()}")
+        supervisor.unmount_fuse(root)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox import supervisor
 from sandbox.agent import spawn_node, unmount, wait_unmounted
 from sandbox.fakehw.control import ControlClient
 
@@ -158,8 +159,8 @@ def live_node(profile: str, node: str) -> Iterator[LiveNode]:
                     "(and /dev/fuse must exist)", pytrace=False)  # fmt: skip
     with short_dir("hwn-") as base:
         root = base / "root"
-        pid = spawn_node(str(PROFILES / profile), node, root, state_dir=base,
-                         log_file=base / "mount.log")
+        server = spawn_node(str(PROFILES / profile), node, root, state_dir=base,
+                            log_file=base / "mount.log")
         try:
             yield LiveNode(root, base / "control.sock")
         finally:
@@ -167,17 +168,5 @@ def live_node(profile: str, node: str) -> Iterator[LiveNode]:
                 unmount(root)
                 assert wait_unmounted(root), f"{root} still mounted"
             finally:
-                _reap(pid)
-
-
-def _reap(pid: int, timeout: float = 10.0) -> None:
-    """The FUSE server (detached, not our child) exits once unmounted; kill it if stuck."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, 9)
+                # It exits once unmounted (detached, not our child); killed if stuck.
+                supervisor.stop([server], timeout=10.0)

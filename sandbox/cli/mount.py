@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             extra.append("--dev")
         pid = spawn_node(args.profile, args.node, root, index=args.index,
                          state_dir=args.state_dir, log_file=log_file,
-                         dev_dir=args.dev_dir, extra=extra)
+                         dev_dir=args.dev_dir, extra=extra).pid
         if args.pid_file:
             args.pid_file.write_text(f"{pid}\n")
         paths = control_paths(root, args.state_dir)

@@ -25,7 +25,6 @@ import logging
 import os
 import signal
 import stat
-import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -35,11 +34,12 @@ from typing import Any, cast
 import pyfuse3
 import trio
 
-from sandbox.errors import CommandError, MountError
+from sandbox.errors import MountError
 from sandbox.fakehw.control import ControlPaths, ControlServer, control_paths
 from sandbox.fakehw.hostpaths import host_path_problem
 from sandbox.fakehw.live import Diff, Kind, LiveTree, Rebuild, kind_of, load_states
 from sandbox.fakehw.tree import DeviceState, Dir, Entry, File, Symlink
+from sandbox.supervisor import unmount_fuse
 
 log = logging.getLogger(__name__)
 
@@ -327,16 +327,8 @@ def recover_mount(root: str | os.PathLike[str]) -> bool:
     else:
         return False
     log.warning("%s: dead FUSE mount (transport endpoint is not connected); unmounting", path)
-    last: CommandError | None = None
-    for argv in (["fusermount3", "-u", str(path)], ["fusermount3", "-uz", str(path)]):
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, check=False)
-        except FileNotFoundError as exc:
-            raise MountError("fusermount3 not found (apt-get install fuse3)") from exc
-        if res.returncode == 0:
-            return True
-        last = CommandError(argv, res.returncode, res.stdout + res.stderr)
-    raise MountError(f"{path}: cannot clear dead mount: {last}") from last
+    unmount_fuse(Path(path))
+    return True
 
 
 def _mount_options(fsname: str, allow_dev: bool) -> set[str]:

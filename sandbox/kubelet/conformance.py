@@ -18,16 +18,15 @@ and ``PLUGIN_SOCK_DIR`` as the Kubernetes sample plugin reads). Checks, in order
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.errors import KubeletError
+from sandbox.errors import KubeletError, SandboxError
 from sandbox.kubelet.devicemanager import HEALTHY, UNHEALTHY, DeviceManager, Event
+from sandbox.supervisor import Child
 
 PASS, FAIL, NOT_RUN = "pass", "fail", "not-run"
 
@@ -96,19 +95,23 @@ def check(
     }
     log_path = base / "plugin.log"
     run = _Run(dm)
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=proc_env)
-        try:
-            _checks(run, proc, resource, fault, timeout, restart_within)
-        finally:
-            _terminate(proc)
-            dm.stop()
+    log_path.unlink(missing_ok=True)
+    try:
+        proc = Child("plugin", argv, log_path, env=proc_env)
+    except SandboxError:
+        dm.stop()
+        raise
+    try:
+        _checks(run, proc, resource, fault, timeout, restart_within)
+    finally:
+        proc.stop()
+        dm.stop()
     return CheckReport(tuple(run.results), tuple(dm.events), log_path.read_text(errors="replace"))
 
 
 def _checks(
     run: _Run,
-    proc: subprocess.Popen[bytes],
+    proc: Child,
     resource: str | None,
     fault: Callable[[], None] | None,
     timeout: float,
@@ -127,7 +130,7 @@ def _checks(
     ]
     deadline = time.monotonic() + timeout
     registers: list[Event] = []
-    while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and proc.returncode is None:
         registers = [
             e for e in dm.events_of("register") if resource is None or e.resource == resource
         ]
@@ -140,7 +143,7 @@ def _checks(
         f"Register for {registers[0].resource} after {registers[0].time - dm.events[0].time:.2f}s"
         if registers
         else f"no Register within {timeout}s"
-        + (f" (plugin exited with {proc.returncode})" if proc.poll() is not None else ""),
+        + (f" (plugin exited with {proc.returncode})" if proc.returncode is not None else ""),
     ):
         run.skip(rest, "plugin never registered")
         return
@@ -229,7 +232,7 @@ def _checks(
             f"not re-registered within {restart_within}s of a kubelet "
             "restart (watch your socket and kubelet.sock; register again)",
         )
-    alive = proc.poll() is None
+    alive = proc.returncode is None
     run.add("still-running", alive, "running" if alive else f"exited with {proc.returncode}")
 
 
@@ -252,13 +255,3 @@ def _wait_count(dm: DeviceManager, kind: str, resource: str, count: int, timeout
             return True
         time.sleep(0.02)
     return False
-
-
-def _terminate(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)

@@ -11,20 +11,19 @@ Per node replica, three host processes under ``<state>/nodes/<node>/``:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from sandbox.agent import first_line, log_tail, start_node, unmount, wait_node
+from sandbox import supervisor
+from sandbox.agent import start_node, unmount, wait_node
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.fakehw.control import ControlClient
+from sandbox.kubelet.status import read_status
 from sandbox.profile.spec import Cluster, NodeSpec
-from sandbox.runtimes._procs import proc_start_time, same_process, stop_pids
 from sandbox.runtimes.base import (
     NodeStatus,
     Progress,
@@ -35,6 +34,7 @@ from sandbox.runtimes.base import (
     remove_state_dir,
     write_record,
 )
+from sandbox.supervisor import Proc, log_tail
 
 READY_TIMEOUT = 20.0
 PLUGIN_MODULE = "hwplugins.deviceplugin"
@@ -42,23 +42,6 @@ PLUGIN_MODULE = "hwplugins.deviceplugin"
 
 def node_dir(state_dir: Path, node: str) -> Path:
     return state_dir / "nodes" / node
-
-
-def _start(argv: list[str], log: Path, ready_line: bool) -> subprocess.Popen[bytes]:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("ab") as out:
-        return subprocess.Popen(argv, stdout=subprocess.PIPE if ready_line else out, stderr=out,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-
-
-def _wait_ready(proc: subprocess.Popen[bytes], log: Path, what: str,
-                timeout: float = READY_TIMEOUT) -> int:
-    """Until the process prints its ``ready`` line; its pid. Kills it on failure."""
-    if not first_line(proc, timeout).startswith(b"ready"):
-        if proc.poll() is None:
-            proc.kill()
-        raise SandboxError(f"{what} did not come up: {log_tail(log)}")
-    return proc.pid
 
 
 class LocalRuntime:
@@ -90,8 +73,7 @@ class LocalRuntime:
             record["nodes"][node.name] = {
                 "root": str(d / "root"), "socket": str(d / "control.sock"),
                 "kubelet_dir": str(d / "kubelet"), "status_file": str(d / "kubelet-status.json"),
-                "pids": {"kubelet": kubelets[node.name].pid},
-                "starts": {"kubelet": proc_start_time(kubelets[node.name].pid)},
+                "procs": {"kubelet": kubelets[node.name].to_json()},
             }
             write_record(state_dir, record)
         starting = {}
@@ -101,37 +83,38 @@ class LocalRuntime:
             starting[node.name] = start_node(
                 profile_path, node.base_name, d / "root", index=node.index, state_dir=d,
                 log_file=d / "mount.log")
+            record["nodes"][node.name]["procs"]["mount"] = starting[node.name].to_json()
+        write_record(state_dir, record)
         for node in cluster.nodes:
             d = node_dir(state_dir, node.name)
-            info: dict[str, Any] = record["nodes"][node.name]
+            procs: dict[str, Any] = record["nodes"][node.name]["procs"]
             try:
-                info["pids"]["mount"] = wait_node(starting[node.name])
-                info["starts"]["mount"] = proc_start_time(info["pids"]["mount"])
+                wait_node(starting[node.name])
             except SandboxError as exc:
                 raise RuntimeBackendError(f"mount {node.name}", str(exc)) from exc
-            write_record(state_dir, record)
             try:
-                _wait_ready(kubelets[node.name], d / "kubelet.log", "kubelet harness")
+                supervisor.wait_ready(kubelets[node.name], READY_TIMEOUT)
             except SandboxError as exc:
                 raise RuntimeBackendError(f"kubelet harness {node.name}", str(exc)) from exc
             progress(f"{node.name}: fake hardware and kubelet harness up; starting the "
                      "reference device plugin")
-            info["pids"]["plugin"] = _start(
+            procs["plugin"] = supervisor.spawn(
+                f"plugin {node.name}",
                 [sys.executable, "-m", PLUGIN_MODULE, "--root", str(d / "root"),
-                 "--kubelet-dir", str(d / "kubelet")], d / "plugin.log", ready_line=False).pid
-            info["starts"]["plugin"] = proc_start_time(info["pids"]["plugin"])
+                 "--kubelet-dir", str(d / "kubelet")], d / "plugin.log").to_json()
             write_record(state_dir, record)
         for node in cluster.nodes:
             self._wait_advertised(node, state_dir, progress)
 
-    def _start_kubelet(self, node: NodeSpec, state_dir: Path) -> subprocess.Popen[bytes]:
+    def _start_kubelet(self, node: NodeSpec, state_dir: Path) -> Proc:
         d = node_dir(state_dir, node.name)
         (d / "kubelet").mkdir(parents=True, exist_ok=True)
-        return _start(
+        return supervisor.spawn(
+            f"kubelet harness {node.name}",
             [sys.executable, "-m", "sandbox", "kubelet", "serve", "--dir", str(d / "kubelet"),
              "--status-file", str(d / "kubelet-status.json"),
              "--numa-nodes", str(len(node.numa))],
-            d / "kubelet.log", ready_line=True)
+            d / "kubelet.log")
 
     def _wait_advertised(self, node: NodeSpec, state_dir: Path, progress: Progress) -> None:
         """Until the plugin has registered and reported every device of the node."""
@@ -144,8 +127,7 @@ class LocalRuntime:
         deadline = time.monotonic() + READY_TIMEOUT
         seen, last, since = 0, -1, time.monotonic()
         while time.monotonic() < deadline:
-            status = _read_json(d / "kubelet-status.json")
-            seen = sum(r.get("capacity", 0) for r in status.get("resources", {}).values())
+            seen = sum(r.capacity for r in read_status(d / "kubelet-status.json"))
             if seen != last:
                 last, since = seen, time.monotonic()
             # Done when every device we expect is there, or (profiles with devices our
@@ -162,8 +144,8 @@ class LocalRuntime:
         record = read_record(state_dir) or {}
         problems: list[str] = []
         nodes = record.get("nodes", {})
-        stop_pids([pid for info in nodes.values() for _what, pid in _ours(info)],
-                  timeout=5.0, until_reaped=True)
+        supervisor.stop([p for info in nodes.values() for p in _procs(info).values()],
+                        timeout=5.0)
         for name, info in nodes.items():
             root = Path(info.get("root", node_dir(state_dir, name) / "root"))
             try:
@@ -195,17 +177,16 @@ class LocalRuntime:
                 node.notes.append(f"fake hardware server not answering: {exc}")
                 devices = {}
             node.devices.extend(device_statuses(devices))
-            status = _read_json(Path(info["status_file"]))
-            for res_name, res in sorted(status.get("resources", {}).items()):
-                node.resources.append(ResourceStatus(
-                    res_name, int(res.get("capacity", 0)), int(res.get("allocatable", 0)),
-                    {int(k): int(v) for k, v in res.get("by_numa", {}).items() if k != "null"}))
-            running = {what for what, _pid in _ours(info)}
-            for what, pid in info.get("pids", {}).items():
-                if what not in running:
+            for res in read_status(Path(info["status_file"])):
+                node.resources.append(ResourceStatus(res.name, res.capacity, res.allocatable,
+                                                     res.by_numa))
+            procs = _procs(info)
+            for what, proc in procs.items():
+                if not proc.running():
                     node.ready = False
-                    node.notes.append(f"{what} process {pid} is not running")
-            if "kubelet" not in running and node.resources:
+                    node.notes.append(f"{what} process {proc.pid} is not running "
+                                      f"(log {proc.log})")
+            if not (procs.get("kubelet") and procs["kubelet"].running()) and node.resources:
                 # What it last wrote is history: nothing advertises these now.
                 node.notes.append("kubelet harness down: its last advertised resources "
                                   "are not shown")
@@ -218,22 +199,21 @@ class LocalRuntime:
         info = record.get("nodes", {}).get(node)
         if info is None:
             raise SandboxError(f"no node {node!r} in sandbox {state_dir.name!r}")
-        pid = int(info.get("pids", {}).get("kubelet", 0))
-        if ("kubelet", pid) not in _ours(info):
+        kubelet = _procs(info).get("kubelet")
+        if kubelet is None or not kubelet.signal(signal.SIGHUP):
+            pid = kubelet.pid if kubelet else "?"
             raise SandboxError(f"{node}: the kubelet harness (pid {pid}) is not running; "
                                "`sandbox down` and `sandbox up` again")
-        try:
-            os.kill(pid, signal.SIGHUP)
-        except ProcessLookupError as exc:
-            raise SandboxError(f"{node}: the kubelet harness exited just now") from exc
 
 
-def _ours(info: dict[str, Any]) -> list[tuple[str, int]]:
-    """The recorded processes that are still the ones we started: same pid AND same start
-    time, so a pid the kernel gave to another process since is never signalled."""
-    starts = info.get("starts", {})
-    return [(what, int(pid)) for what, pid in info.get("pids", {}).items()
-            if same_process(int(pid), starts.get(what))]
+def _procs(info: dict[str, Any]) -> dict[str, Proc]:
+    """The processes recorded for a node. ``Proc`` knows each one's start time, so a pid
+    the kernel gave to another process since is never signalled."""
+    out = {}
+    for what, obj in info.get("procs", {}).items():
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            out[what] = Proc.from_json(obj)
+    return out
 
 
 def _advertised(root: Path) -> int:
@@ -256,11 +236,3 @@ def _advertisable(node: NodeSpec, plugged: int) -> int:
         elif dev.fpga is not None and dev.fpga.flavor == "dfl":
             count += dev.fpga.ports
     return min(count, max(plugged, 0)) if count else 0
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-    return data

@@ -32,15 +32,16 @@ import pytest
 
 from sandbox.profile.loader import load_profile
 from sandbox.profile.spec import NodeSpec
-from sandbox.runtimes._procs import proc_start_time
 from sandbox.runtimes.native import (
     BUSYBOX_REF,
     Layout,
     NativeRuntime,
-    _mounts_below,
-    _shim_pids,
     kubelet_root,
+    mounts_below,
+    shim_pids,
 )
+from sandbox.supervisor import Proc
+from sandbox.supervisor import start_time as proc_start_time
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "profiles" / "8gpu-2numa.yaml"
@@ -96,9 +97,9 @@ class Footprint:
         found = [f"process {pid} still runs" for pid, started in self.processes.items()
                  if proc_start_time(pid) == started]  # fmt: skip
         layout = Layout(self.state_dir)
-        found += [f"mount {m}" for m in _mounts_below(self.state_dir)]
-        found += [f"mount {m}" for m in _mounts_below(kubelet_root() / "pods")]
-        found += [f"shim {pid}" for pid in _shim_pids(layout.containerd_sock)]
+        found += [f"mount {m}" for m in mounts_below(self.state_dir)]
+        found += [f"mount {m}" for m in mounts_below(kubelet_root() / "pods")]
+        found += [f"shim {pid}" for pid in shim_pids(layout.containerd_sock)]
         for path in (layout.containerd_sock, layout.dev, self.state_dir):
             if path.exists():
                 found.append(f"{path} exists")
@@ -109,9 +110,10 @@ def footprint(cluster: NativeCluster) -> Footprint:
     layout = cluster.layout
     pids: list[int] = []
     for pid_file in layout.run.glob("*.pid"):
-        with contextlib.suppress(ValueError, OSError):
-            pids.append(int(pid_file.read_text().split()[0]))
-    pids += _shim_pids(layout.containerd_sock)
+        proc = Proc.load(pid_file)
+        if proc is not None:
+            pids.append(proc.pid)
+    pids += shim_pids(layout.containerd_sock)
     rows = cluster.ctr("tasks", "ls").splitlines()[1:]
     pids += [int(row.split()[1]) for row in rows]  # TASK PID STATUS
     processes = {pid: started for pid in pids if (started := proc_start_time(pid))}

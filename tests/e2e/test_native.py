@@ -25,7 +25,7 @@ from conftest import (
     wait_until,
 )
 
-from sandbox.runtimes.native import _mounts_below, kubelet_root
+from sandbox.runtimes.native import kubelet_root, mounts_below
 
 GPU = "nvidia.com/gpu"
 
@@ -240,8 +240,8 @@ def test_down_leaves_nothing_behind(native_cluster: NativeCluster, sandboxes: Sa
     before = footprint(native_cluster)
     assert before.tasks, "no containerd task is running: nothing to check"
     assert len(before.tasks) == 2, before.tasks  # the pod sandbox (pause) + main
-    assert _mounts_below(kubelet_root() / "pods"), "the pod has no volume mounted"
-    assert str(layout.state / "node-root") in _mounts_below(layout.state)
+    assert mounts_below(kubelet_root() / "pods"), "the pod has no volume mounted"
+    assert str(layout.state / "node-root") in mounts_below(layout.state)
     assert (layout.dev / "nvidia0").exists()
     assert layout.containerd_sock.exists()
     sandboxes.down()  # with the pod still running

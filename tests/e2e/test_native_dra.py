@@ -46,7 +46,7 @@ from conftest import (
     wait_until,
 )
 
-from sandbox.runtimes.native import _read_pid, kubelet_root
+from sandbox.runtimes.native import kubelet_root, running
 
 DRIVER = "dra.hwsandbox.dev"
 GROUP, VERSION, NS = "resource.k8s.io", "v1", "default"
@@ -217,7 +217,7 @@ def cluster(dra_cluster: NativeCluster) -> Iterator[NativeCluster]:
     _ensure_device_classes(dra_cluster)
     wait_until("the default service account", lambda: default_service_account(dra_cluster))
     yield dra_cluster
-    assert _read_pid(dra_cluster.layout, "dra-driver") is not None, (
+    assert running(dra_cluster.layout, "dra-driver") is not None, (
         "the DRA driver died during the test" + _diagnose(dra_cluster)())
 
 

@@ -1,0 +1,233 @@
+"""The ``native`` runtime: a real single-node Kubernetes run as host processes.
+
+No registry serves kind node images here, so this backend runs components built from
+source by ``scripts/build-k8s`` (kept in ``${HWSANDBOX_CACHE:-~/.cache/hw-sandbox}/k8s/
+v<version>/bin``) plus Debian's containerd, runc and CNI plugins. ``up`` starts, as
+detached processes with pid files and logs under ``state_dir``::
+
+    etcd -> kube-apiserver -> kube-controller-manager, kube-scheduler
+         -> node tree (FUSE mount + device nodes) -> containerd -> kubelet
+         -> reference device plugin [-> reference DRA driver, ``dra_driver=True``]
+
+It owns: certificates (``openssl`` CLI), kubeconfigs (``state_dir/kubeconfig`` is the
+admin's), the containerd and kubelet configs, the CNI config (bridge ``hwsb0`` +
+host-local; containerd adds loopback), the local pause and busybox images (``_images``).
+The fake hardware comes from ``sandbox.agent`` (``prepare_node_tree``): the kubelet's own
+/sys stays real; device plugins read the FUSE tree; containerd sees the node's device
+nodes (``state_dir/dev``, all 1:3, plus the fake /dev's relative symlinks such as
+``dri/by-path``) under its /dev through an overlay in its own mount namespace
+(``_with_node_dev``), so the host's /dev is never written.
+
+Only the profile's FIRST node is run; the Kubernetes node name is its ``NodeSpec.name``.
+The kubelet's root dir is ``/var/lib/kubelet`` (``HWSANDBOX_KUBELET_ROOT`` overrides) so
+device plugins find ``device-plugins/kubelet.sock`` where they expect it; only one native
+sandbox can run on a machine at a time.
+
+``up`` runs named steps (``native.steps``: certificates, etcd, kube-apiserver,
+controllers, node tree, containerd, images, kubelet, device plugin, DRA driver, node
+Ready); a failed step undoes the ones before it and is named in the error. ``down``
+undoes every step in reverse, then removes what is left on the host (``native.cleanup``):
+pods' network namespaces, every mount below the kubelet root and the state dir, kubelet
+cgroups, sysctls the kubelet changed, the bridge, the directories ``up`` created (whole
+only where it marked them as its own) and the state dir itself.
+
+Modules: ``common`` (paths, constants, processes through ``sandbox.supervisor``), ``pki``,
+``configs``, ``node`` (the fake hardware and the plugins on it), ``steps``, ``cleanup``,
+``k8s`` (API reads). Docs: ``docs/native-runtime.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.profile.spec import Cluster
+from sandbox.runtimes import _images
+from sandbox.runtimes.base import (
+    Progress,
+    SandboxStatus,
+    read_record,
+    remove_state_dir,
+    write_record,
+)
+from sandbox.runtimes.native.cleanup import (
+    CREATED_MARKER,
+    host_cleanup,
+    mounts_below,
+    shim_pids,
+    sysctl,
+)
+from sandbox.runtimes.native.common import (
+    BUILD_HINT,
+    BUSYBOX_REF,
+    CNI_BIN_DIR,
+    CNI_PLUGINS,
+    DRA_DRIVER_ENV,
+    HOST_TOOLS,
+    K8S_VERSION,
+    KUBELET_SYSCTLS,
+    Layout,
+    bin_dir,
+    cache_dir,
+    free_port,
+    host_ip,
+    http_ok,
+    kubelet_root,
+    running,
+    spawn,
+    stop,
+    wait_for,
+)
+from sandbox.runtimes.native.configs import cni_config, containerd_config, kubelet_config
+from sandbox.runtimes.native.k8s import kubelet_running, node_status
+from sandbox.runtimes.native.steps import Up, down_steps, up_steps
+from sandbox.runtimes.steps import run_steps, undo_steps
+
+__all__ = [
+    "BUILD_HINT", "BUSYBOX_REF", "DRA_DRIVER_ENV", "K8S_VERSION", "Layout", "NativeRuntime",
+    "bin_dir", "cache_dir", "cni_config", "containerd_config", "kubelet_config", "kubelet_root",
+    "mounts_below", "running", "shim_pids",
+]
+
+
+class NativeRuntime:
+    """Real etcd, kube-apiserver, controller-manager, scheduler, containerd and kubelet."""
+
+    name = "native"
+
+    def __init__(self, feature_gates: dict[str, bool] | None = None,
+                 reference_plugin: bool = True, dra_driver: bool | None = None) -> None:
+        self.feature_gates = dict(feature_gates or {})
+        # False: no hwplugins.deviceplugin on the node, so a third-party plugin under test
+        # is the only one serving its resource (e.g. gpu.intel.com/i915)
+        self.reference_plugin = reference_plugin
+        # True: also run the reference DRA driver (hwplugins.dra) on the node. Off by
+        # default (the CLI's `sandbox up --runtime native` takes HWSANDBOX_NATIVE_DRA=1).
+        if dra_driver is None:
+            dra_driver = os.environ.get(DRA_DRIVER_ENV, "") == "1"
+        self.dra_driver = dra_driver
+
+    # -- checks ------------------------------------------------------------------------
+    def unavailable_reason(self) -> str | None:
+        if os.geteuid() != 0:
+            return "the native runtime needs root (it runs a kubelet and containerd)"
+        missing = [b for b in ("etcd", "kube-apiserver", "kube-controller-manager",
+                               "kube-scheduler", "kubelet") if not (bin_dir() / b).is_file()]
+        if missing:
+            return f"missing {', '.join(missing)} in {bin_dir()} ({BUILD_HINT})"
+        tools = [t for t in HOST_TOOLS if shutil.which(t) is None]
+        plugins = [p for p in CNI_PLUGINS if not (CNI_BIN_DIR / p).is_file()]
+        if tools or plugins:
+            what = tools + [f"{CNI_BIN_DIR}/{p}" for p in plugins]
+            return f"missing {', '.join(what)} ({BUILD_HINT}; it installs the Debian packages)"
+        if shutil.which("fusermount3") is None:
+            return "missing fusermount3 for the node's FUSE tree (run scripts/install-system-deps)"
+        if not _images.BUSYBOX.is_file() or shutil.which("gcc") is None:
+            return f"missing busybox-static or gcc ({BUILD_HINT})"
+        if kubelet_running():
+            return "another native sandbox is running on this machine (one kubelet per host)"
+        return None
+
+    # -- up -----------------------------------------------------------------------------
+    def up(self, cluster: Cluster, profile_path: str, state_dir: Path, progress: Progress) -> None:
+        reason = self.unavailable_reason()
+        if reason:
+            raise RuntimeBackendError("check", reason)
+        if not cluster.nodes:
+            raise RuntimeBackendError("check", "the profile has no nodes")
+        node = cluster.nodes[0]
+        if len(cluster.nodes) > 1:
+            progress(f"native runtime runs only the first node ({node.name}); "
+                     f"ignoring {len(cluster.nodes) - 1} more")
+        layout = Layout(state_dir)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        root = kubelet_root()
+        ip = host_ip()
+        ports = {k: free_port() for k in ("etcd", "etcd-peer", "apiserver",
+                                           "controller-manager", "scheduler", "kubelet",
+                                           "kubelet-healthz")}
+        record: dict[str, Any] = {
+            "runtime": self.name,
+            "profile": profile_path,
+            "cluster": cluster.name,
+            "name": state_dir.name,
+            # same shape as the local runtime's: `sandbox fault` finds the control socket
+            "nodes": {node.name: {
+                "root": str(state_dir / "node-root"),
+                "socket": str(state_dir / "node" / "control.sock"),
+                "kubelet_dir": str(root / "device-plugins"),
+            }},
+            "version": K8S_VERSION,
+            "bin_dir": str(bin_dir()),
+            "ports": ports,
+            "host_ip": ip,
+            "kubelet_root": str(root),
+            # containerd 1.6 puts shim sockets in /run/containerd/s whatever its state dir
+            "created": [str(p) for p in (root, Path("/var/log/containers"), Path("/var/lib/cni"),
+                                         Path("/run/containerd")) if not p.exists()],
+            "sysctls": {k: sysctl(k) for k in KUBELET_SYSCTLS},
+            "netns": [],
+            "dra_driver": self.dra_driver,
+        }
+        write_record(state_dir, record)
+        if not root.exists():  # ours alone: down removes it whole
+            root.mkdir(parents=True, mode=0o700)
+            (root / CREATED_MARKER).write_text("made by `sandbox up --runtime native`\n")
+        up = Up(layout, node, profile_path, ports, ip, root, self.feature_gates, progress)
+        try:
+            run_steps(up_steps(up, self.reference_plugin, self.dra_driver), progress)
+        except BaseException:
+            progress("up failed; cleaning up (logs are kept in a copy: see below)")
+            self._save_logs(layout, progress)
+            self.down(state_dir, lambda _m: None)
+            raise
+
+    def _save_logs(self, layout: Layout, progress: Progress) -> None:
+        if layout.logs.is_dir():
+            keep = layout.state.with_name(layout.state.name + ".failed-logs")
+            shutil.rmtree(keep, ignore_errors=True)
+            shutil.copytree(layout.logs, keep)
+            progress(f"logs of the failed start: {keep}")
+
+    # -- down ---------------------------------------------------------------------------
+    def down(self, state_dir: Path, progress: Progress) -> None:
+        layout = Layout(state_dir)
+        problems = undo_steps(down_steps(layout, progress), progress)
+        record = read_record(state_dir) or {}
+        problems += host_cleanup(layout, record, progress)
+        if problems:
+            raise RuntimeBackendError("down", "; ".join(problems))
+        try:
+            remove_state_dir(state_dir)
+        except (SandboxError, OSError) as exc:
+            raise RuntimeBackendError("down", str(exc)) from exc
+
+    # -- kubelet restart ----------------------------------------------------------------
+    def restart_kubelet(self, state_dir: Path, node: str) -> None:
+        layout = Layout(state_dir)
+        record = read_record(state_dir) or {}
+        if node not in record.get("nodes", []):
+            raise RuntimeBackendError("restart kubelet", f"no node {node!r} in {state_dir}")
+        argv = json.loads((layout.run / "kubelet.argv.json").read_text())
+        stop(layout, "kubelet")
+        spawn(layout, "kubelet", argv)
+        healthz = f"http://127.0.0.1:{record['ports']['kubelet-healthz']}/healthz"
+        wait_for(layout, "kubelet", "healthy", lambda: http_ok(healthz), 120)
+
+    # -- status -------------------------------------------------------------------------
+    def status(self, state_dir: Path) -> SandboxStatus:
+        layout = Layout(state_dir)
+        record = read_record(state_dir)
+        if record is None:
+            raise RuntimeBackendError("status", f"no sandbox in {state_dir}")
+        result = SandboxStatus(name=str(record.get("cluster", state_dir.name)),
+                               runtime=self.name, profile=str(record.get("profile", "")))
+        for name in record.get("nodes", []):
+            result.nodes.append(node_status(layout, name))
+        return result
+
+

@@ -1,0 +1,193 @@
+"""Constants, paths and process helpers shared by the native runtime's modules."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox import supervisor
+from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
+from sandbox.supervisor import Proc
+
+K8S_VERSION = os.environ.get("HWSANDBOX_K8S_VERSION", "1.37.2")
+
+PAUSE_REF = "localhost/hw-sandbox/pause:1"
+BUSYBOX_REF = "localhost/hw-sandbox/busybox:1"
+BRIDGE = "hwsb0"
+POD_SUBNET = "10.244.0.0/24"
+SERVICE_CIDR = "10.96.0.0/16"
+SERVICE_IP = "10.96.0.1"
+CNI_BIN_DIR = Path("/usr/lib/cni")
+DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
+HOST_TOOLS = ("containerd", "ctr", "runc", "containerd-shim-runc-v2", "openssl", "ip")
+CNI_PLUGINS = ("bridge", "host-local", "loopback")
+# Values the kubelet sets itself unless protectKernelDefaults; down() puts them back.
+KUBELET_SYSCTLS = (
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+    "net/ipv4/ip_forward",  # the bridge plugin turns forwarding on for its gateway
+)
+# Start order; down() stops in reverse.
+ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd",
+         "kubelet")
+# prepare_node_tree's and the node plugins' processes, stopped first (in this order)
+EXTRAS = ("dra-driver", "deviceplugin", "mount")
+DRA_DRIVER_ENV = "HWSANDBOX_NATIVE_DRA"  # "1": NativeRuntime() starts the DRA driver too
+BUILD_HINT = "run scripts/build-k8s"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("HWSANDBOX_CACHE", str(Path.home() / ".cache" / "hw-sandbox")))
+
+
+def bin_dir() -> Path:
+    """Where ``scripts/build-k8s`` put the Kubernetes binaries and etcd."""
+    override = os.environ.get("HWSANDBOX_K8S_BIN")
+    return Path(override) if override else cache_dir() / "k8s" / f"v{K8S_VERSION}" / "bin"
+
+
+def kubelet_root() -> Path:
+    return Path(os.environ.get("HWSANDBOX_KUBELET_ROOT", str(DEFAULT_KUBELET_ROOT)))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Every path the native runtime uses under one state dir."""
+
+    state: Path
+
+    @property
+    def pki(self) -> Path:
+        return self.state / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def run(self) -> Path:
+        return self.state / "run"
+
+    @property
+    def containerd(self) -> Path:
+        return self.state / "containerd"
+
+    @property
+    def containerd_sock(self) -> Path:
+        return self.containerd / "containerd.sock"
+
+    @property
+    def cni(self) -> Path:
+        return self.state / "cni"
+
+    @property
+    def kubelet(self) -> Path:
+        return self.state / "kubelet"
+
+    @property
+    def dev(self) -> Path:
+        """Host device nodes the node's device plugins hand out (``HostPath``)."""
+        return self.state / "dev"
+
+    @property
+    def cdi(self) -> Path:
+        return self.state / "cdi"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state / "kubeconfig"
+
+    @property
+    def dra(self) -> Path:
+        """The reference DRA driver's config and checkpoint (``dra_driver=True``)."""
+        return self.state / "dra"
+
+
+# -- processes ---------------------------------------------------------------------------
+
+
+def running(layout: Layout, name: str) -> Proc | None:
+    """The process recorded for ``name`` if that very process (not a reused pid) still runs."""
+    proc = Proc.load(layout.run / f"{name}.pid")
+    return proc if proc is not None and proc.running() else None
+
+
+def spawn(layout: Layout, name: str, argv: Sequence[str]) -> Proc:
+    """Start ``argv`` detached (``sandbox.supervisor``), output to ``logs/name.log``;
+    record it in ``run/name.pid`` (and its argv, for a kubelet restart)."""
+    layout.run.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = supervisor.spawn(name, argv, layout.logs / f"{name}.log")
+    except SandboxError as exc:
+        raise RuntimeBackendError(f"start {name}", str(exc)) from exc
+    proc.save(layout.run / f"{name}.pid")
+    (layout.run / f"{name}.argv.json").write_text(json.dumps(list(argv)) + "\n")
+    return proc
+
+
+def stop(layout: Layout, name: str, timeout: float = 15.0) -> None:
+    proc = Proc.load(layout.run / f"{name}.pid")
+    if proc is not None:
+        supervisor.stop([proc], timeout)
+    (layout.run / f"{name}.pid").unlink(missing_ok=True)
+
+
+def wait_for(
+    layout: Layout, name: str, what: str, check: Callable[[], bool], timeout: float
+) -> None:
+    """Poll ``check`` until true; fail early (with the log's tail) if ``name`` died."""
+    proc = Proc.load(layout.run / f"{name}.pid")
+    if proc is None:
+        raise RuntimeBackendError(f"start {name}", f"not running (no record in {layout.run})")
+    try:
+        supervisor.wait_until(proc, what, check, timeout)
+    except SandboxError as exc:
+        raise RuntimeBackendError(f"start {name}", str(exc)) from exc
+
+
+def run(argv: Sequence[str], check: bool = True, timeout: float = 120) -> str:
+    proc = subprocess.run(
+        list(argv), capture_output=True, text=True, check=False, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise CommandError(argv, proc.returncode, proc.stdout + proc.stderr)
+    return proc.stdout
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def host_ip() -> str:
+    """The address of the interface with the default route (what the kubelet would pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            addr: str = s.getsockname()[0]
+        except OSError:
+            addr = "127.0.0.1"
+    return addr
+
+
+def http_ok(url: str, context: ssl.SSLContext | None = None, expect: str = "ok") -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=context) as resp:  # noqa: S310
+            body: bytes = resp.read()
+    except (urllib.error.URLError, OSError):
+        return False
+    return expect in body.decode(errors="replace")

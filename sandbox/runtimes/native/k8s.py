@@ -1,0 +1,74 @@
+"""What the native runtime asks the API server and the kubelet (the official client)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from sandbox.runtimes.base import NodeStatus, ResourceStatus
+from sandbox.runtimes.native.common import ORDER, Layout, kubelet_root, running
+
+
+def kubelet_running() -> bool:
+    """Is a kubelet of some native sandbox already using the kubelet root?"""
+    sock = kubelet_root() / "device-plugins" / "kubelet.sock"
+    if not sock.exists():
+        return False
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return False
+    return True
+
+
+def _client(layout: Layout) -> Any:
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(layout.kubeconfig))
+    return client.CoreV1Api(api_client)
+
+
+def node_ready(layout: Layout, name: str) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    api = _client(layout)
+    try:
+        node = api.read_node(name)
+    except ApiException:
+        return False
+    finally:
+        api.api_client.close()
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+
+def node_status(layout: Layout, name: str) -> NodeStatus:
+    from kubernetes.client.exceptions import ApiException
+
+    status = NodeStatus(name=name, ready=False)
+    for proc in ORDER:
+        if running(layout, proc) is None:
+            status.notes.append(f"{proc} is not running (log {layout.logs / (proc + '.log')})")
+    if (layout.run / "dra-driver.pid").exists() and running(layout, "dra-driver") is None:
+        status.notes.append(f"the DRA driver is not running (log {layout.logs / 'dra-driver.log'})")
+    api = _client(layout)
+    try:
+        node = api.read_node(name)
+    except (ApiException, OSError) as exc:
+        status.notes.append(f"cannot read node {name}: {exc}")
+        return status
+    finally:
+        api.api_client.close()
+    conditions = node.status.conditions or []
+    status.ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    capacity = node.status.capacity or {}
+    allocatable = node.status.allocatable or {}
+    for resource in sorted(capacity):
+        if "/" not in resource or resource.startswith("kubernetes.io/"):
+            continue  # cpu, memory, hugepages-*: not extended resources
+        status.resources.append(ResourceStatus(
+            resource=resource,
+            capacity=int(capacity[resource]),
+            allocatable=int(allocatable.get(resource, "0")),
+        ))
+    return status

@@ -1,0 +1,139 @@
+"""The node's fake hardware and what runs on it: the FUSE tree, device nodes for
+containerd, the reference device plugin and DRA driver."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.profile.spec import NodeSpec
+from sandbox.runtimes.base import Progress
+from sandbox.runtimes.native.common import Layout, kubelet_root, spawn, wait_for
+
+# Run in containerd's own mount namespace (slave: the kubelet's volume mounts still reach
+# it): /dev becomes a read-only overlay of the host's /dev over the node's device dir, so
+# the CRI finds /dev/nvidia0 & co. when it stats an Allocate response's host paths, while
+# the host's /dev is never written. Submounts (pts, shm, ...) are moved back on top.
+_NODE_DEV_SCRIPT = """set -e
+stage=$1; nodedev=$2; shift 2
+mkdir -p "$stage"
+for m in pts shm mqueue hugepages; do
+    if mountpoint -q "/dev/$m"; then mkdir -p "$stage/$m"; mount --bind "/dev/$m" "$stage/$m"; fi
+done
+mount -t overlay hwsb-dev -o "lowerdir=/dev:$nodedev" /dev
+for m in pts shm mqueue hugepages; do
+    if [ -d "$stage/$m" ] && mountpoint -q "$stage/$m"; then mount --move "$stage/$m" "/dev/$m"; fi
+done
+exec "$@"
+"""
+
+
+def with_node_dev(layout: Layout) -> list[str]:
+    """argv prefix: run the command with the node's device nodes visible under /dev."""
+    return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", _NODE_DEV_SCRIPT,
+            "sh", str(layout.containerd / "dev-stage"), str(layout.dev)]
+
+
+def prepare_node_tree(layout: Layout, node: NodeSpec, profile_path: str,
+                      progress: Progress) -> None:
+    """The node's fake hardware: the lead wires the FUSE mount here.
+
+    Runs before containerd starts. Mounts the node's fake root (``sys/``, ``dev/``,
+    ``proc/``; ``sandbox mount`` via ``sandbox.agent``) at ``state_dir/node-root`` with its
+    control socket in ``state_dir/node``. The server also creates one host device node per
+    fake ``/dev`` character device under ``state_dir/dev`` (never in the host's /dev), all
+    ``1:3`` (/dev/null), and removes them when it exits; containerd sees them under its
+    /dev (``_with_node_dev``). The kubelet's own /sys stays real. Recorded in
+    ``state_dir/run`` and stopped first by ``down``.
+    """
+    from sandbox.agent import start_node, wait_node
+
+    root = layout.state / "node-root"
+    progress(f"mounting {node.name}'s fake /sys, /dev, /proc at {root}")
+    layout.run.mkdir(parents=True, exist_ok=True)
+    proc = start_node(profile_path, node.base_name, root, index=node.index,
+                      state_dir=layout.state / "node", log_file=layout.logs / "mount.log",
+                      dev_dir=layout.dev, extra=["--dev-map", "1:3"])
+    proc.save(layout.run / "mount.pid")  # recorded first: a failed start is stopped by down
+    try:
+        wait_node(proc)
+    except SandboxError as exc:
+        raise RuntimeBackendError("mount", str(exc)) from exc
+    _link_dev_symlinks(layout, node)
+
+
+def _link_dev_symlinks(layout: Layout, node: NodeSpec) -> None:
+    """Copy the fake /dev's relative symlinks (``dri/by-path/pci-…-card -> ../card0``)
+    into ``state_dir/dev`` next to the device nodes the mount server made there.
+
+    Plugins hand such links out as mounts (Intel's GPU plugin mounts
+    ``/dev/dri/by-path/pci-<bdf>-card``); the CRI stats a mount's host path and, when it
+    is missing, tries to mkdir it, which fails on containerd's read-only /dev overlay.
+    Made from the node's full tree, like the device nodes, so they never change after up.
+    """
+    from sandbox.fakehw.build import build_tree
+    from sandbox.fakehw.tree import Symlink
+
+    tree = build_tree(node, {})
+    dev = layout.dev.resolve()
+    for path, entry in tree.walk():
+        if not path.startswith("dev/") or not isinstance(entry, Symlink):
+            continue
+        link = layout.dev / path.removeprefix("dev/")
+        target = (link.parent / entry.target).resolve()
+        if entry.target.startswith("/") or dev not in target.parents:
+            continue  # only links that stay inside the node's /dev
+        link.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            link.symlink_to(entry.target)
+
+
+def start_node_plugins(layout: Layout, progress: Progress) -> None:
+    """The reference device plugin on the fake root, against the real kubelet.
+
+    Runs once the kubelet is healthy (the plugin registers with its kubelet.sock).
+    """
+    progress("reference device plugin")
+    spawn(layout, "deviceplugin", [
+        sys.executable, "-m", "hwplugins.deviceplugin", "--root",
+        str(layout.state / "node-root"), "--kubelet-dir", str(kubelet_root() / "device-plugins"),
+    ])
+
+
+def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None:
+    """The reference DRA driver (``python -m hwplugins.dra``) on the fake root, against the
+    real kubelet and API server.
+
+    Runs once the kubelet is healthy: it waits for the kubelet's ``plugins_registry`` (the
+    kubelet's plugin watcher creates it), then the driver serves
+    ``plugins/dra.hwsandbox.dev/dra.sock`` and registers through
+    ``plugins_registry/dra.hwsandbox.dev-reg.sock``. CDI specs of prepared claims go to
+    ``state_dir/cdi`` (containerd's ``cdi_spec_dirs``; containerd 1.6 ignores it), their
+    ``hostPath``s name the node's device nodes in ``state_dir/dev``; the partition config
+    (``sandbox dra config``) and the checkpoint live in ``state_dir/dra``, so nothing of a
+    torn-down cluster is left under the kubelet root. API access: the admin kubeconfig.
+    """
+    from hwplugins.dra import DRIVER
+
+    from sandbox.dra import driver_config
+
+    root = kubelet_root()
+    registry = root / "plugins_registry"
+    wait_for(layout, "kubelet", f"serving its plugin watcher ({registry})",
+              registry.is_dir, 60)
+    layout.dra.mkdir(parents=True, exist_ok=True)
+    layout.cdi.mkdir(parents=True, exist_ok=True)
+    config = layout.dra / "config.json"
+    config.write_text(json.dumps(driver_config(node), indent=2) + "\n")
+    progress("reference DRA driver")
+    spawn(layout, "dra-driver", [
+        sys.executable, "-m", "hwplugins.dra", "--root", str(layout.state / "node-root"),
+        "--node-name", node.name, "--kubeconfig", str(layout.kubeconfig),
+        "--config", str(config), "--plugins-dir", str(root / "plugins"),
+        "--registry-dir", str(registry), "--cdi-dir", str(layout.cdi),
+        "--host-dev-dir", str(layout.dev), "--checkpoint", str(layout.dra / "checkpoint.json"),
+    ])
+    socket_path = registry / f"{DRIVER}-reg.sock"
+    wait_for(layout, "dra-driver", f"serving {socket_path}", socket_path.exists, 60)

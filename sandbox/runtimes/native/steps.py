@@ -1,0 +1,287 @@
+"""``up`` and ``down`` of the native runtime as ordered, named steps (``runtimes.steps``).
+
+``up_steps`` needs the node and the ports chosen for this sandbox; ``down_steps`` needs
+only the state dir, so a later ``sandbox down`` (another process) undoes the same steps.
+Each undo finds nothing to do for a step that never ran.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import time
+from pathlib import Path
+
+import yaml
+
+from sandbox import supervisor
+from sandbox.errors import RuntimeBackendError
+from sandbox.profile.spec import NodeSpec
+from sandbox.runtimes import _images
+from sandbox.runtimes.base import Progress
+from sandbox.runtimes.native.cleanup import as_proc, remove_containers, shim_pids
+from sandbox.runtimes.native.common import (
+    BUSYBOX_REF,
+    PAUSE_REF,
+    SERVICE_CIDR,
+    Layout,
+    bin_dir,
+    cache_dir,
+    http_ok,
+    run,
+    spawn,
+    stop,
+    wait_for,
+)
+from sandbox.runtimes.native.configs import cni_config, containerd_config, kubelet_config
+from sandbox.runtimes.native.k8s import node_ready
+from sandbox.runtimes.native.node import (
+    prepare_node_tree,
+    start_dra_driver,
+    start_node_plugins,
+    with_node_dev,
+)
+from sandbox.runtimes.native.pki import make_pki, write_kubeconfig
+from sandbox.runtimes.steps import Step
+
+
+class Up:
+    """What one ``up`` works with, and its steps' ``do``s."""
+
+    def __init__(self, layout: Layout, node: NodeSpec, profile_path: str, ports: dict[str, int],
+                 host_ip: str, root: Path, feature_gates: dict[str, bool],
+                 progress: Progress) -> None:
+        self.layout, self.node, self.profile_path = layout, node, profile_path
+        self.ports, self.host_ip, self.root = ports, host_ip, root
+        self.feature_gates, self.progress = feature_gates, progress
+        self.gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(feature_gates.items()))
+        self.bin = bin_dir()
+        self.server = f"https://127.0.0.1:{ports['apiserver']}"
+        self.t0 = time.monotonic()
+
+    def certificates(self) -> None:
+        """A CA, the components' certificates and kubeconfigs."""
+        self.progress("certificates")
+        make_pki(self.layout.pki, self.node.name, self.host_ip)
+        write_kubeconfig(self.layout.kubeconfig, self.server, self.layout.pki, "admin",
+                         "hw-sandbox")
+        for user in ("controller-manager", "scheduler", "kubelet"):
+            write_kubeconfig(self.layout.state / f"{user}.kubeconfig", self.server,
+                             self.layout.pki, user, "hw-sandbox")
+
+    def etcd(self) -> None:
+        """etcd, until healthy."""
+        self.progress("etcd")
+        etcd_url = f"http://127.0.0.1:{self.ports['etcd']}"
+        peer_url = f"http://127.0.0.1:{self.ports['etcd-peer']}"
+        spawn(self.layout, "etcd", [
+            str(self.bin / "etcd"), "--name=hw-sandbox", f"--data-dir={self.layout.state / 'etcd'}",
+            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=hw-sandbox={peer_url}", "--unsafe-no-fsync",
+            "--log-level=warn",
+        ])
+        wait_for(self.layout, "etcd", "healthy",
+                 lambda: http_ok(f"{etcd_url}/health", expect='"health":"true"'), 60)
+
+    def apiserver(self) -> None:
+        """kube-apiserver, until ready."""
+        self.progress("kube-apiserver")
+        pki = self.layout.pki
+        etcd_url = f"http://127.0.0.1:{self.ports['etcd']}"
+        spawn(self.layout, "kube-apiserver", [
+            str(self.bin / "kube-apiserver"), f"--etcd-servers={etcd_url}",
+            "--bind-address=0.0.0.0", f"--advertise-address={self.host_ip}",
+            f"--secure-port={self.ports['apiserver']}",
+            f"--tls-cert-file={pki / 'apiserver.crt'}",
+            f"--tls-private-key-file={pki / 'apiserver.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+            # The node name (gpu-worker) does not resolve; reach the kubelet by its IP.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true", "--profiling=false",
+            f"--cert-dir={self.layout.state / 'apiserver-certs'}",
+            *([f"--feature-gates={self.gates}"] if self.gates else []),
+        ])
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        wait_for(self.layout, "kube-apiserver", "ready",
+                 lambda: http_ok(f"{self.server}/readyz", ctx), 120)
+
+    def controllers(self) -> None:
+        """kube-controller-manager and kube-scheduler, until healthy."""
+        pki = self.layout.pki
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        self.progress("kube-controller-manager, kube-scheduler")
+        kcm_cfg = str(self.layout.state / "controller-manager.kubeconfig")
+        spawn(self.layout, "kube-controller-manager", [
+            str(self.bin / "kube-controller-manager"), f"--kubeconfig={kcm_cfg}",
+            f"--authentication-kubeconfig={kcm_cfg}", f"--authorization-kubeconfig={kcm_cfg}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports['controller-manager']}",
+            "--leader-elect=false", "--use-service-account-credentials=true",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--controllers=*,bootstrapsigner,tokencleaner", "--cluster-name=hw-sandbox",
+            # default /usr/libexec/kubernetes/...: it would create it on the host
+            f"--flex-volume-plugin-dir={self.layout.state / 'flex-volume-plugins'}",
+            *([f"--feature-gates={self.gates}"] if self.gates else []),
+        ])
+        sched_cfg = str(self.layout.state / "scheduler.kubeconfig")
+        spawn(self.layout, "kube-scheduler", [
+            str(self.bin / "kube-scheduler"), f"--kubeconfig={sched_cfg}",
+            f"--authentication-kubeconfig={sched_cfg}",
+            f"--authorization-kubeconfig={sched_cfg}",
+            "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}",
+            "--leader-elect=false",
+            *([f"--feature-gates={self.gates}"] if self.gates else []),
+        ])
+        wait_for(self.layout, "kube-controller-manager", "healthy", lambda: http_ok(
+            f"https://127.0.0.1:{self.ports['controller-manager']}/healthz", insecure), 60)
+        wait_for(self.layout, "kube-scheduler", "healthy", lambda: http_ok(
+            f"https://127.0.0.1:{self.ports['scheduler']}/healthz", insecure), 60)
+
+    def node_tree(self) -> None:
+        """The node's fake /sys, /dev, /proc and its device nodes for containerd."""
+        prepare_node_tree(self.layout, self.node, self.profile_path, self.progress)
+
+    def containerd(self) -> None:
+        """containerd (seeing the node's device nodes), until serving."""
+        self.progress("containerd")
+        lay = self.layout
+        for d in (lay.containerd, lay.cni / "net.d", lay.cdi, lay.kubelet):
+            d.mkdir(parents=True, exist_ok=True)
+        (self.layout.containerd / "config.toml").write_text(containerd_config(self.layout))
+        (self.layout.cni / "net.d" / "10-hw-sandbox.conflist").write_text(
+            json.dumps(cni_config(self.layout), indent=2) + "\n")
+        spawn(self.layout, "containerd", [
+            *with_node_dev(lay), "containerd", f"--config={lay.containerd / 'config.toml'}",
+        ])
+        ctr = ["ctr", f"--address={self.layout.containerd_sock}", "--namespace=k8s.io"]
+        wait_for(self.layout, "containerd", "serving",
+                 lambda: subprocess.run([*ctr, "version"], capture_output=True,
+                                        check=False).returncode == 0, 60)
+
+    def images(self) -> None:
+        """The local pause and busybox images, imported."""
+        ctr = ["ctr", f"--address={self.layout.containerd_sock}", "--namespace=k8s.io"]
+        self.progress("images (pause, busybox)")
+        images = cache_dir() / "images"
+        for tarball in (_images.pause_image(images, PAUSE_REF),
+                        _images.busybox_image(images, BUSYBOX_REF)):
+            # `ctr import` unpacks into the default snapshotter (overlayfs), the CRI's.
+            run([*ctr, "images", "import", str(tarball)])
+        listed = run([*ctr, "images", "ls", "-q"])
+        for ref in (PAUSE_REF, BUSYBOX_REF):
+            if ref not in listed.split():
+                raise RuntimeBackendError("images", f"{ref} missing after import: {listed}")
+
+    def kubelet(self) -> None:
+        """The kubelet, until healthy."""
+        self.progress(f"kubelet (node {self.node.name}, root dir {self.root})")
+        cfg = kubelet_config(self.layout, self.node, self.ports, self.feature_gates)
+        (self.layout.kubelet / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        # the label the kind runtime gives each node too: bundled manifests select on it
+        labels = ",".join(f"{k}={v}" for k, v in [("hwsandbox.dev/node", self.node.name),
+                                                  *self.node.labels])
+        spawn(self.layout, "kubelet", [
+            str(self.bin / "kubelet"), f"--config={self.layout.kubelet / 'config.yaml'}",
+            f"--kubeconfig={self.layout.state / 'kubelet.kubeconfig'}",
+            f"--hostname-override={self.node.name}", f"--node-ip={self.host_ip}",
+            f"--root-dir={self.root}", f"--cert-dir={self.layout.kubelet / 'pki'}",
+            *([f"--node-labels={labels}"] if labels else []), "--v=2",
+        ])
+        wait_for(self.layout, "kubelet", "healthy", lambda: http_ok(
+            f"http://127.0.0.1:{self.ports['kubelet-healthz']}/healthz"), 120)
+
+    def device_plugin(self) -> None:
+        start_node_plugins(self.layout, self.progress)
+
+    def dra_driver(self) -> None:
+        start_dra_driver(self.layout, self.node, self.progress)
+
+    def ready(self) -> None:
+        """Until the node object says Ready."""
+        self.progress("waiting for the node to be Ready")
+        wait_for(self.layout, "kubelet", f"Ready (node {self.node.name})",
+                 lambda: node_ready(self.layout, self.node.name), 180)
+        self.progress(f"node {self.node.name} Ready in {time.monotonic() - self.t0:.0f}s; "
+                      f"KUBECONFIG={self.layout.kubeconfig}")
+
+
+def up_steps(up: Up, reference_plugin: bool, dra_driver: bool) -> list[Step]:
+    undo = {s.name: s.undo for s in down_steps(up.layout, up.progress)}
+    steps = [
+        Step("certificates", up.certificates),
+        Step("etcd", up.etcd, undo["etcd"]),
+        Step("kube-apiserver", up.apiserver, undo["kube-apiserver"]),
+        Step("controllers", up.controllers, undo["controllers"]),
+        Step("node tree", up.node_tree, undo["node tree"]),
+        Step("containerd", up.containerd, undo["containerd"]),
+        Step("images", up.images),
+        Step("kubelet", up.kubelet, undo["kubelet"]),
+    ]
+    if reference_plugin:
+        steps.append(Step("device plugin", up.device_plugin, undo["device plugin"]))
+    if dra_driver:
+        steps.append(Step("DRA driver", up.dra_driver, undo["DRA driver"]))
+    steps.append(Step("node Ready", up.ready))
+    return steps
+
+
+def down_steps(layout: Layout, progress: Progress) -> list[Step]:
+    """The undo of every step ``up`` may have run, in ``up``'s order."""
+
+    def stopping(*names: str) -> Step:
+        def undo() -> None:
+            for name in names:
+                progress(f"stopping {name}")
+                stop(layout, name)
+        return Step(names[0], undo=undo)
+
+    def undo_node_tree() -> None:
+        from sandbox.agent import unmount
+
+        progress("stopping mount")
+        stop(layout, "mount")  # the FUSE server removes the device nodes it made
+        node_root = layout.state / "node-root"
+        if node_root.is_dir() and node_root.is_mount():
+            unmount(node_root)
+
+    def undo_containerd() -> None:
+        from sandbox.runtimes.base import read_record, write_record
+
+        netns = remove_containers(layout, progress)
+        record = read_record(layout.state)
+        if record is not None and netns:  # the host clean-up unmounts them after
+            record["netns"] = sorted(set(record.get("netns", [])) | set(netns))
+            write_record(layout.state, record)
+        progress("stopping containerd")
+        stop(layout, "containerd")
+        shims = [p for p in (as_proc(pid, "containerd-shim", layout)
+                             for pid in shim_pids(layout.containerd_sock)) if p is not None]
+        supervisor.stop(shims, timeout=5)
+
+    return [
+        Step("certificates"),
+        stopping("etcd"),
+        stopping("kube-apiserver"),
+        Step("controllers", undo=stopping("kube-scheduler", "kube-controller-manager").undo),
+        Step("node tree", undo=undo_node_tree),
+        Step("containerd", undo=undo_containerd),
+        Step("images"),
+        stopping("kubelet"),
+        Step("device plugin", undo=stopping("deviceplugin").undo),
+        Step("DRA driver", undo=stopping("dra-driver").undo),
+        Step("node Ready"),
+    ]
