@@ -191,10 +191,13 @@ def topology_svg(nodes: Sequence[NodeSpec],
         parts.append(_rect(lx, legend_y, 14, 14, fill, stroke, 3))
         parts.append(_text(lx + 20, legend_y + 12, label, 11))
         lx += 110
-    parts.append(_text(lx, legend_y + 12, "squares: CPUs (dark: first thread)  "
-                       "dashed line: NUMA distance", 11, fill="#455a64"))
+    # Two text elements: SVG collapses the spaces that would separate them in one.
+    parts.append(_text(lx, legend_y + 12, "squares: CPUs (dark: first thread)", 11,
+                       fill="#455a64"))
+    parts.append(_text(lx + 230, legend_y + 12, "dashed line: NUMA distance", 11,
+                       fill="#455a64"))
     height = legend_y + 30
-    width = max(width, 720)
+    width = max(width, lx + 230 + 170)
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}">\n'

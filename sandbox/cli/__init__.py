@@ -12,6 +12,7 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -78,6 +79,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # gRPC core's own INFO lines ("I1201 ... chttp2_transport ... GOAWAY") are not ours to
+    # print; set before any verb imports grpc. An explicit GRPC_VERBOSITY still wins.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(

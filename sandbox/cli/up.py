@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or loaded.cluster.name
     if args.runtime == "auto":
         runtime, why = choose_runtime()
-        print(f"runtime: {runtime.name} ({why})", file=sys.stderr)
+        print(f"runtime: {runtime.name}; {why}", file=sys.stderr)
     else:
         runtime = runtime_for(args.runtime)
         reason = runtime.unavailable_reason()

@@ -41,4 +41,4 @@ def choose_runtime() -> tuple[Runtime, str]:
     else:
         if reason is None:
             return kind, "Docker and kind are available"
-    return runtime_for("local"), f"kind is not usable here ({reason})"
+    return runtime_for("local"), f"kind is not usable here: {reason}"

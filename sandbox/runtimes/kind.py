@@ -40,7 +40,7 @@ from sandbox.catalog import find_plugin
 from sandbox.errors import CommandError, ControlError, RuntimeBackendError, SandboxError
 from sandbox.profile.spec import Cluster
 from sandbox.runtimes import agentimage
-from sandbox.runtimes.agentimage import IMAGE, PRELOADED_LABEL
+from sandbox.runtimes.agentimage import PRELOADED_LABEL
 from sandbox.runtimes.base import (
     NodeStatus,
     Progress,
@@ -51,12 +51,18 @@ from sandbox.runtimes.base import (
     remove_state_dir,
     write_record,
 )
+from sandbox.runtimes.kindapi import (
+    AGENT_NAMESPACE,
+    agent_manifests,
+    api_client,
+    create,
+    fail_on_broken_pods,
+    ours,
+    scale_coredns_to_zero,
+)
 from sandbox.runtimes.kindconfig import NODE_LABEL, HostFacts, kind_config_text
-from sandbox.runtimes.kindimage import NODE_IMAGE, SHAPE_LABEL
+from sandbox.runtimes.kindimage import KIND_VERSION, NODE_IMAGE, SHAPE_LABEL, cache_root
 
-AGENT_NAMESPACE = "hw-sandbox"
-ROOT_IN_NODE = "/var/lib/hw-sandbox/root"
-KIND_HINT = "go install sigs.k8s.io/kind@v0.32.0"
 AGENT_TIMEOUT = 180.0
 PLUGIN_TIMEOUT = 120.0
 
@@ -93,58 +99,12 @@ def network_name(name: str) -> str:
 
 # --- what gets deployed -----------------------------------------------------------------------
 
-def agent_manifests(cluster: Cluster, profile_text: str) -> list[dict[str, Any]]:
-    """Namespace, profile ConfigMap and one agent DaemonSet per node replica."""
-    docs: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},
-        {"apiVersion": "v1", "kind": "ConfigMap",
-         "metadata": {"name": "hw-sandbox-profile", "namespace": AGENT_NAMESPACE},
-         "data": {"profile.yaml": profile_text}},
-    ]
-    for node in cluster.nodes:
-        name = f"agent-{node.name}"
-        docs.append({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": name, "namespace": AGENT_NAMESPACE,
-                         "labels": {"app.kubernetes.io/part-of": "hw-sandbox",
-                                    "app.kubernetes.io/name": "hw-sandbox-agent"}},
-            "spec": {
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name,
-                                            "app.kubernetes.io/name": "hw-sandbox-agent"}},
-                    "spec": {
-                        "nodeSelector": {NODE_LABEL: node.name},
-                        # needs no pod network: works before (and without) any CNI
-                        "hostNetwork": True,
-                        "priorityClassName": "system-node-critical",
-                        "tolerations": [{"operator": "Exists"}],
-                        "containers": [{
-                            "name": "agent", "image": IMAGE, "imagePullPolicy": "Never",
-                            "command": ["python3", "-m", "sandbox", "mount",
-                                        "/etc/hw-sandbox/profile.yaml", "--node", node.name,
-                                        ROOT_IN_NODE, "--state-dir", "/var/lib/hw-sandbox",
-                                        "--dev-dir", "/host-dev"],
-                            "env": [{"name": "HWSANDBOX_IN_NODE", "value": "1"}],
-                            "securityContext": {"privileged": True},
-                            "volumeMounts": [
-                                {"name": "state", "mountPath": "/var/lib/hw-sandbox",
-                                 "mountPropagation": "Bidirectional"},
-                                {"name": "dev", "mountPath": "/host-dev"},
-                                {"name": "profile", "mountPath": "/etc/hw-sandbox"},
-                            ],
-                        }],
-                        "volumes": [
-                            {"name": "state", "hostPath": {"path": "/var/lib/hw-sandbox",
-                                                           "type": "DirectoryOrCreate"}},
-                            {"name": "dev", "hostPath": {"path": "/dev"}},
-                            {"name": "profile", "configMap": {"name": "hw-sandbox-profile"}},
-                        ],
-                    },
-                },
-            },
-        })
-    return docs
+def _no_kind() -> str:
+    """Why kind cannot run for want of a binary, and the one thing to do about it."""
+    built = cache_root() / "tools" / f"kind-{KIND_VERSION}" / "kind"
+    if built.is_file():
+        return f"no kind on PATH; the test tooling built one: export PATH={built.parent}:$PATH"
+    return f"no kind on PATH; install it with `go install sigs.k8s.io/kind@{KIND_VERSION}`"
 
 
 # --- host facts -------------------------------------------------------------------------------
@@ -225,7 +185,7 @@ class KindRuntime:
 
     def unavailable_reason(self) -> str | None:
         if shutil.which("kind") is None:
-            return f"no kind binary ({KIND_HINT})"
+            return _no_kind()
         try:
             _docker().ping()
         except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
@@ -299,15 +259,15 @@ class KindRuntime:
                 raise
             # -- image
             early.finish()
-        api = _api(kubeconfig)
+        api = api_client(kubeconfig)
         if facts.minimal:
-            _scale_coredns_to_zero(api)
+            scale_coredns_to_zero(api)
         # -- agent, plugins: created together (the plugin rescans every second and finds
         # the tree once the agent has mounted it; its mount sees the tree appear)
         progress("deploying the fake-hardware agent and the reference device plugin")
         docs = agent_manifests(cluster, Path(profile_path).read_text())
-        _create(api, docs, "agent")
-        _create(api, list(yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text())),
+        create(api, docs, "agent")
+        create(api, list(yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text())),
                 "plugins")
         self._wait_agents(api, cluster, state_dir, progress)
         self._wait_plugins(api, cluster, progress)
@@ -330,7 +290,7 @@ class KindRuntime:
                     progress(f"{node}: fake hardware served")
             if not pending:
                 return
-            _fail_on_broken_pods(api, AGENT_NAMESPACE, "app.kubernetes.io/name=hw-sandbox-agent",
+            fail_on_broken_pods(api, AGENT_NAMESPACE, "app.kubernetes.io/name=hw-sandbox-agent",
                                  "agent")
             if time.monotonic() > deadline:
                 raise RuntimeBackendError(
@@ -348,14 +308,14 @@ class KindRuntime:
             for item in api.list_node().items:
                 replica = (item.metadata.labels or {}).get(NODE_LABEL)
                 capacity = item.status.capacity or {}
-                if replica in want and any(_ours(r) and int(v) > 0 for r, v in capacity.items()):
+                if replica in want and any(ours(r) and int(v) > 0 for r, v in capacity.items()):
                     want.discard(replica)
                     progress(f"{replica}: kubelet advertises "
                              + ", ".join(f"{r}={v}" for r, v in sorted(capacity.items())
-                                         if _ours(r)))
+                                         if ours(r)))
             if not want:
                 return
-            _fail_on_broken_pods(api, "kube-system",
+            fail_on_broken_pods(api, "kube-system",
                                  "app.kubernetes.io/name=hw-sandbox-device-plugin", "plugins")
             if time.monotonic() > deadline:
                 raise RuntimeBackendError(
@@ -400,7 +360,7 @@ class KindRuntime:
         if not kubeconfig:
             return out
         try:
-            items = _api(Path(kubeconfig)).list_node().items
+            items = api_client(Path(kubeconfig)).list_node().items
         except Exception as exc:  # noqa: BLE001 - the API server is gone or unreachable
             raise RuntimeBackendError("status", f"the cluster's API server does not answer "
                                       f"({type(exc).__name__}); is the kind cluster "
@@ -413,7 +373,7 @@ class KindRuntime:
                 c.type == "Ready" and c.status == "True" for c in item.status.conditions or []))
             cap, alloc = item.status.capacity or {}, item.status.allocatable or {}
             for res, value in sorted(cap.items()):
-                if _ours(res):
+                if ours(res):
                     node.resources.append(ResourceStatus(res, int(value),
                                                          int(alloc.get(res, 0))))
             info = replicas.get(replica)
@@ -444,7 +404,7 @@ class KindRuntime:
         kubeconfig = record.get("kubeconfig")
         if not kubeconfig:
             raise SandboxError(f"sandbox {state_dir.name!r} has no kubeconfig")
-        items = _api(Path(kubeconfig)).list_node(label_selector=f"{NODE_LABEL}={node}").items
+        items = api_client(Path(kubeconfig)).list_node(label_selector=f"{NODE_LABEL}={node}").items
         if not items:
             raise SandboxError(f"no kind node carries {NODE_LABEL}={node}")
         return str(items[0].metadata.name)
@@ -518,57 +478,3 @@ class _EarlyLoad(threading.Thread):
             self.agent = agentimage.build(self.progress, self.work, self._preloaded())
         self.progress(f"loading {agentimage.IMAGE} into the node(s) ({self.agent.shipped})")
         self._load()
-
-
-def _scale_coredns_to_zero(api: Any) -> None:
-    """The minimal node image has no CoreDNS image: scale kubeadm's CoreDNS to zero rather
-    than leave two pods in ImagePullBackOff (there is no cluster DNS either way)."""
-    from kubernetes import client
-
-    with contextlib.suppress(Exception):  # no such Deployment: nothing to do
-        client.AppsV1Api(api.api_client).patch_namespaced_deployment_scale(
-            "coredns", "kube-system", {"spec": {"replicas": 0}})
-
-
-def _ours(resource: str) -> bool:
-    """An extended resource (vendor-domain/name), not cpu, memory, pods or hugepages."""
-    return "/" in resource and not resource.startswith(("hugepages-", "kubernetes.io/"))
-
-
-def _api(kubeconfig: Path) -> Any:
-    from kubernetes import client, config
-
-    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
-
-
-def _create(api: Any, docs: list[dict[str, Any]], step: str) -> None:
-    from kubernetes import utils
-
-    try:
-        utils.create_from_yaml(api.api_client, yaml_objects=[d for d in docs if d])
-    except Exception as exc:  # noqa: BLE001 - FailToCreateError, ApiException, ...
-        raise RuntimeBackendError(step, f"creating the {step} objects failed: "
-                                  f"{str(exc).strip().splitlines()[0]}") from exc
-
-
-_BROKEN = {"ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff",
-           "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
-
-
-def _fail_on_broken_pods(api: Any, namespace: str, selector: str, step: str) -> None:
-    """Fail the step at once when one of its pods cannot start (no point waiting)."""
-    for pod in api.list_namespaced_pod(namespace, label_selector=selector).items:
-        for cs in pod.status.container_statuses or []:
-            waiting = cs.state.waiting if cs.state else None
-            if waiting is not None and waiting.reason in _BROKEN:
-                detail = (waiting.message or "").strip().splitlines()
-                logs = ""
-                if waiting.reason == "CrashLoopBackOff":
-                    with contextlib.suppress(Exception):
-                        text = api.read_namespaced_pod_log(pod.metadata.name, namespace,
-                                                           tail_lines=3, previous=True)
-                        logs = " | ".join(text.strip().splitlines())
-                raise RuntimeBackendError(
-                    step, f"pod {namespace}/{pod.metadata.name} on {pod.spec.node_name}: "
-                    f"{waiting.reason}{': ' + detail[0] if detail else ''}"
-                    f"{' (last log: ' + logs + ')' if logs else ''}")

@@ -1,0 +1,128 @@
+"""What the kind runtime creates in, and reads from, a kind cluster (the official client).
+
+``agent_manifests``: the namespace, the profile ConfigMap and one privileged agent
+DaemonSet per node replica (``sandbox mount`` of that replica at ``ROOT_IN_NODE``). The
+rest are small API helpers for the runtime's steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import RuntimeBackendError
+from sandbox.profile.spec import Cluster
+from sandbox.runtimes.agentimage import IMAGE
+from sandbox.runtimes.kindconfig import NODE_LABEL
+
+AGENT_NAMESPACE = "hw-sandbox"
+ROOT_IN_NODE = "/var/lib/hw-sandbox/root"
+
+
+def agent_manifests(cluster: Cluster, profile_text: str) -> list[dict[str, Any]]:
+    """Namespace, profile ConfigMap and one agent DaemonSet per node replica."""
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},
+        {"apiVersion": "v1", "kind": "ConfigMap",
+         "metadata": {"name": "hw-sandbox-profile", "namespace": AGENT_NAMESPACE},
+         "data": {"profile.yaml": profile_text}},
+    ]
+    for node in cluster.nodes:
+        name = f"agent-{node.name}"
+        docs.append({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": AGENT_NAMESPACE,
+                         "labels": {"app.kubernetes.io/part-of": "hw-sandbox",
+                                    "app.kubernetes.io/name": "hw-sandbox-agent"}},
+            "spec": {
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name,
+                                            "app.kubernetes.io/name": "hw-sandbox-agent"}},
+                    "spec": {
+                        "nodeSelector": {NODE_LABEL: node.name},
+                        # needs no pod network: works before (and without) any CNI
+                        "hostNetwork": True,
+                        "priorityClassName": "system-node-critical",
+                        "tolerations": [{"operator": "Exists"}],
+                        "containers": [{
+                            "name": "agent", "image": IMAGE, "imagePullPolicy": "Never",
+                            "command": ["python3", "-m", "sandbox", "mount",
+                                        "/etc/hw-sandbox/profile.yaml", "--node", node.name,
+                                        ROOT_IN_NODE, "--state-dir", "/var/lib/hw-sandbox",
+                                        "--dev-dir", "/host-dev"],
+                            "env": [{"name": "HWSANDBOX_IN_NODE", "value": "1"}],
+                            "securityContext": {"privileged": True},
+                            "volumeMounts": [
+                                {"name": "state", "mountPath": "/var/lib/hw-sandbox",
+                                 "mountPropagation": "Bidirectional"},
+                                {"name": "dev", "mountPath": "/host-dev"},
+                                {"name": "profile", "mountPath": "/etc/hw-sandbox"},
+                            ],
+                        }],
+                        "volumes": [
+                            {"name": "state", "hostPath": {"path": "/var/lib/hw-sandbox",
+                                                           "type": "DirectoryOrCreate"}},
+                            {"name": "dev", "hostPath": {"path": "/dev"}},
+                            {"name": "profile", "configMap": {"name": "hw-sandbox-profile"}},
+                        ],
+                    },
+                },
+            },
+        })
+    return docs
+
+
+def scale_coredns_to_zero(api: Any) -> None:
+    """The minimal node image has no CoreDNS image: scale kubeadm's CoreDNS to zero rather
+    than leave two pods in ImagePullBackOff (there is no cluster DNS either way)."""
+    from kubernetes import client
+
+    with contextlib.suppress(Exception):  # no such Deployment: nothing to do
+        client.AppsV1Api(api.api_client).patch_namespaced_deployment_scale(
+            "coredns", "kube-system", {"spec": {"replicas": 0}})
+
+
+def ours(resource: str) -> bool:
+    """An extended resource (vendor-domain/name), not cpu, memory, pods or hugepages."""
+    return "/" in resource and not resource.startswith(("hugepages-", "kubernetes.io/"))
+
+
+def api_client(kubeconfig: Path) -> Any:
+    from kubernetes import client, config
+
+    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+
+
+def create(api: Any, docs: list[dict[str, Any]], step: str) -> None:
+    from kubernetes import utils
+
+    try:
+        utils.create_from_yaml(api.api_client, yaml_objects=[d for d in docs if d])
+    except Exception as exc:  # noqa: BLE001 - FailToCreateError, ApiException, ...
+        raise RuntimeBackendError(step, f"creating the {step} objects failed: "
+                                  f"{str(exc).strip().splitlines()[0]}") from exc
+
+
+BROKEN = {"ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull", "CrashLoopBackOff",
+           "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
+
+
+def fail_on_broken_pods(api: Any, namespace: str, selector: str, step: str) -> None:
+    """Fail the step at once when one of its pods cannot start (no point waiting)."""
+    for pod in api.list_namespaced_pod(namespace, label_selector=selector).items:
+        for cs in pod.status.container_statuses or []:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting is not None and waiting.reason in BROKEN:
+                detail = (waiting.message or "").strip().splitlines()
+                logs = ""
+                if waiting.reason == "CrashLoopBackOff":
+                    with contextlib.suppress(Exception):
+                        text = api.read_namespaced_pod_log(pod.metadata.name, namespace,
+                                                           tail_lines=3, previous=True)
+                        logs = " | ".join(text.strip().splitlines())
+                raise RuntimeBackendError(
+                    step, f"pod {namespace}/{pod.metadata.name} on {pod.spec.node_name}: "
+                    f"{waiting.reason}{': ' + detail[0] if detail else ''}"
+                    f"{' (last log: ' + logs + ')' if logs else ''}")
