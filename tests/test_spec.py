@@ -139,3 +139,26 @@ def test_bad_spec_files_are_refused_naming_the_field() -> None:
     cluster = load_profile(ROOT / "profiles/sriov-rdma.yaml").cluster
     with pytest.raises(SpecError, match="a Cluster, not a NodeSpec"):
         spec.load_node(spec.dump(cluster))
+
+
+def test_read_node_picks_the_node_of_a_spec_file(tmp_path: Path) -> None:
+    cluster = load_profile(ROOT / "profiles/workshop-mixed.yaml").cluster
+    whole = tmp_path / "cluster.json"
+    whole.write_text(spec.dump(cluster))
+    one = tmp_path / "node.json"
+    one.write_text(spec.dump(cluster.nodes[1]))
+    name = cluster.nodes[1].name
+    assert spec.read_node(whole, name) == cluster.nodes[1]
+    assert spec.read_node(one) == cluster.nodes[1]
+    assert spec.read_node(one, name) == cluster.nodes[1]
+    names = ", ".join(n.name for n in cluster.nodes)
+    for args, message in [
+        ((whole,), f"{whole}: several nodes; pick one with --node ({names})"),
+        ((whole, "nope"), f"{whole}: no node 'nope' (nodes: {names})"),
+        ((one, "nope"), f"{one}: holds node {name!r}, not 'nope'"),
+        ((tmp_path / "missing.json",),
+         f"{tmp_path / 'missing.json'}: cannot read the resolved spec: No such file or directory"),
+    ]:
+        with pytest.raises(SpecError) as info:
+            spec.read_node(*args)
+        assert str(info.value) == message

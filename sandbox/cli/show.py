@@ -8,7 +8,8 @@ import sys
 
 import yaml
 
-from sandbox.profile import load_profile
+from sandbox.errors import SandboxError
+from sandbox.profile import load_profile, spec
 from sandbox.profile.show import cluster_data, cluster_text
 
 
@@ -18,16 +19,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="summarise a profile: NUMA nodes, CPUs, memory, devices",
         description="Print each node of the profile: its NUMA nodes with their CPUs and "
         "memory, and the devices attached to each with their stable ids (gpu0, nic1...) "
-        "and PCI addresses. --output json|yaml prints the fully defaulted model.",
+        "and PCI addresses. --output json|yaml prints the fully defaulted model; --output "
+        "spec the resolved spec file (docs/spec-format.md) that `sandbox mount --spec` "
+        "serves: the whole cluster, or one node with --node.",
     )
     p.add_argument("profile", metavar="PROFILE")
-    p.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml", "spec"), default="table")
+    p.add_argument("--node", metavar="NAME", help="with -o spec: only this node (replica name)")
+    p.add_argument("--index", type=int, metavar="I", help="replica index of a counted node")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     cluster = load_profile(args.profile).cluster
-    if args.output == "json":
+    if args.node is not None or args.index is not None:
+        if args.output != "spec":
+            raise SandboxError("--node and --index go with --output spec")
+        node = cluster.node(args.node or "", args.index)
+        if node is None:
+            names = ", ".join(n.name for n in cluster.nodes)
+            raise SandboxError(f"no node {args.node} in {args.profile} (nodes: {names})")
+        sys.stdout.write(spec.dump(node))
+    elif args.output == "spec":
+        sys.stdout.write(spec.dump(cluster))
+    elif args.output == "json":
         json.dump(cluster_data(cluster), sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif args.output == "yaml":

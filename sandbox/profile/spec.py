@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import types
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SpecError
@@ -287,6 +289,33 @@ def load_node(text: str | bytes) -> NodeSpec:
     if not isinstance(spec, NodeSpec):
         raise SpecError("resolved spec: a Cluster, not a NodeSpec (dump one node)")
     return spec
+
+
+def read_node(path: str | os.PathLike[str], node: str | None = None,
+              index: int | None = None) -> NodeSpec:
+    """The node of a spec file: the file's NodeSpec (which must be ``node`` if given), or
+    the node of its Cluster named ``node`` (optional when the cluster has one node)."""
+    try:
+        text = Path(path).read_bytes()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the resolved spec: {exc.strerror}") from None
+    try:
+        spec = load(text)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
+    if isinstance(spec, NodeSpec):
+        if node is not None and Cluster("", "", (spec,)).node(node, index) is None:
+            raise SpecError(f"{path}: holds node {spec.name!r}, not {node!r}")
+        return spec
+    names = ", ".join(n.name for n in spec.nodes)
+    if node is None:
+        if len(spec.nodes) != 1:
+            raise SpecError(f"{path}: several nodes; pick one with --node ({names})")
+        return spec.nodes[0]
+    found = spec.node(node, index)
+    if found is None:
+        raise SpecError(f"{path}: no node {node!r} (nodes: {names})")
+    return found
 
 
 def _encode(value: Any) -> Any:
