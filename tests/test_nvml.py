@@ -1,0 +1,277 @@
+"""Our NVML (sandbox/nvml, docs/nvml.md) driven directly through ctypes: it reports what
+the node's tree says, follows faults made through the control socket, survives concurrent
+callers and init/shutdown cycles, turns a missing or malformed state file into an NVML error
+code, and 10,000 random call sequences (in a subprocess) never crash it.
+
+The library is loaded into this process once; every test leaves its init count at zero, so
+the next ``nvmlInit`` reads HWSANDBOX_NVML_ROOT afresh.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.render import render
+from sandbox.profile import load_profile
+from tests import nvml_ctypes as N
+from tests.nvidia import nvml_library
+from tests.test_nvidia_plugin import tree_gpus
+from tests.thirdparty import PROFILES, REPO, live_node
+
+STATE = "proc/driver/nvidia/hwsandbox/nvml"
+
+
+def rendered(profile: str, out: Path) -> Path:
+    cluster = load_profile(str(PROFILES / profile)).cluster
+    render(build_tree(cluster.nodes[0]), out)
+    return out
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[N.Nvml]:
+    lib = N.Nvml(nvml_library())
+    monkeypatch.setenv("HWSANDBOX_NVML_REFRESH_MS", "0")  # every call sees the tree now
+    yield lib
+    while lib.nvmlShutdown() == N.SUCCESS:
+        pass
+
+
+def init(nvml: N.Nvml, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWSANDBOX_NVML_ROOT", str(root))
+    nvml.check(nvml.nvmlInit_v2())
+
+
+def test_reports_what_the_tree_says(nvml: N.Nvml, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    root = rendered("8gpu-2numa.yaml", tmp_path / "root")
+    init(nvml, root, monkeypatch)
+    gpus = tree_gpus(root)
+    assert nvml.count() == 8
+    seen = {}
+    for i in range(8):
+        h = nvml.handle(i)
+        uuid = nvml.uuid(h)
+        pci = nvml.pci(h)
+        seen[uuid] = (pci.busId.decode(), nvml.uint("nvmlDeviceGetMinorNumber", h),
+                      nvml.uint("nvmlDeviceGetNumaNodeId", h))  # fmt: skip
+        assert nvml.text("nvmlDeviceGetName", h) == "NVIDIA H100 80GB HBM3"
+        assert nvml.memory(h) == (N.SUCCESS, 80 * 1024**3)
+        assert pci.pciDeviceId == 0x2330 << 16 | 0x10DE
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        nvml.check(nvml.nvmlDeviceGetCudaComputeCapability(h, ctypes.byref(major),
+                                                           ctypes.byref(minor)))  # fmt: skip
+        assert (major.value, minor.value) == (9, 0)
+        assert nvml.uint("nvmlDeviceGetArchitecture", h) == 9  # Hopper
+        assert nvml.uint("nvmlDeviceGetIndex", h) == i
+    assert seen == {u: (f"0000{g.bdf.upper()}", g.minor, g.numa_node) for u, g in gpus.items()}
+    # NVML orders devices by PCI bus id
+    assert [nvml.pci(nvml.handle(i)).busId for i in range(8)] == sorted(
+        nvml.pci(nvml.handle(i)).busId for i in range(8))
+    buf = ctypes.create_string_buffer(80)
+    nvml.check(nvml.nvmlSystemGetDriverVersion(buf, 80))
+    assert buf.value == b"550.54.15"
+    assert nvml.nvmlSystemGetDriverVersion(buf, 4) == N.INSUFFICIENT_SIZE
+    assert nvml.nvmlDeviceGetPowerUsage() == N.NOT_SUPPORTED  # a stub
+    h = ctypes.c_void_p()
+    uuid = next(iter(gpus))
+    nvml.check(nvml.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(h)))
+    assert nvml.uuid(h) == uuid
+    nvml.check(nvml.nvmlDeviceGetHandleByPciBusId_v2(gpus[uuid].bdf.encode(), ctypes.byref(h)))
+    assert nvml.uuid(h) == uuid
+
+
+def test_mig_devices_follow_the_layout(nvml: N.Nvml, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    root = rendered("mig-partitions.yaml", tmp_path / "root")
+    init(nvml, root, monkeypatch)
+    state = (root / STATE).read_text()
+    h = nvml.handle(0)
+    cur, pend = ctypes.c_uint(), ctypes.c_uint()
+    nvml.check(nvml.nvmlDeviceGetMigMode(h, ctypes.byref(cur), ctypes.byref(pend)))
+    assert (cur.value, pend.value) == (1, 1)
+    names = []
+    for k in range(8):
+        m = ctypes.c_void_p()
+        ret = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, k, ctypes.byref(m))
+        if ret == N.NOT_FOUND:
+            break
+        nvml.check(ret)
+        assert nvml.uint("nvmlDeviceIsMigDeviceHandle", m) == 1
+        names.append(nvml.text("nvmlDeviceGetName", m))
+        assert nvml.uuid(m) in state
+        parent = ctypes.c_void_p()
+        nvml.check(nvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(m, ctypes.byref(parent)))
+        assert parent.value == h.value
+    assert names == [f"NVIDIA A100-SXM4-80GB MIG {p}"
+                     for p in ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")]  # fmt: skip
+
+
+def test_faults_reach_nvml_as_xid_events_and_lost_gpus(
+    nvml: N.Nvml, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with live_node("8gpu-2numa.yaml", "gpu-worker") as live:
+        init(nvml, live.root, monkeypatch)
+        with live.client() as client:
+            devices = client.devices()
+        index = {nvml.pci(nvml.handle(i)).busId.decode()[4:].lower(): i for i in range(8)}
+        h3 = nvml.handle(index[devices["gpu3"]["pci_address"]])
+        h6 = nvml.handle(index[devices["gpu6"]["pci_address"]])
+        evset = ctypes.c_void_p()
+        nvml.check(nvml.nvmlEventSetCreate(ctypes.byref(evset)))
+        for i in range(8):
+            nvml.check(nvml.nvmlDeviceRegisterEvents(nvml.handle(i), ctypes.c_ulonglong(
+                N.EVENT_XID), evset))
+        ev = N.EventData()
+        assert nvml.nvmlEventSetWait_v2(evset, ctypes.byref(ev), 50) == N.TIMEOUT
+
+        def wait_event() -> N.EventData:
+            ev = N.EventData()
+            nvml.check(nvml.nvmlEventSetWait_v2(evset, ctypes.byref(ev), 10_000))
+            return ev
+
+        with live.client() as client:
+            client.health("gpu3", "unhealthy", "aer-fatal")
+        ev = wait_event()
+        assert (ev.device, ev.eventType, ev.eventData) == (h3.value, N.EVENT_XID, 48)
+        assert (ev.gpuInstanceId, ev.computeInstanceId) == (0xFFFFFFFF, 0xFFFFFFFF)
+        assert nvml.memory(h3)[0] == N.SUCCESS  # an Xid, not a lost GPU
+
+        with live.client() as client:
+            client.unplug("gpu6")
+        ev = wait_event()
+        assert (ev.device, ev.eventData) == (h6.value, 79)
+        assert nvml.memory(h6)[0] == N.GPU_IS_LOST
+        assert nvml.uuid(h6)  # identity stays readable, so the event can be attributed
+        h = ctypes.c_void_p()
+        assert nvml.nvmlDeviceGetHandleByIndex_v2(index[devices["gpu6"]["pci_address"]],
+                                                  ctypes.byref(h)) == N.GPU_IS_LOST
+
+        with live.client() as client:  # recovery: no event, queries work again
+            client.health("gpu3", "healthy")
+            client.plug("gpu6")
+        assert nvml.memory(h6) == (N.SUCCESS, 80 * 1024**3)
+        assert nvml.nvmlEventSetWait_v2(evset, ctypes.byref(ev), 300) == N.TIMEOUT
+        with live.client() as client:  # a second fault on a recovered GPU is a new event
+            client.health("gpu3", "unhealthy", "link-down")
+        assert wait_event().eventData == 79
+        nvml.check(nvml.nvmlEventSetFree(evset))
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "truncated", "bad-number",
+                                    "no-gpus-dir"])  # fmt: skip
+def test_missing_or_malformed_state_is_an_error_code(
+    nvml: N.Nvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    root = rendered("8gpu-2numa.yaml", tmp_path / "root")
+    state = root / STATE
+    text = state.read_text()
+    expected = N.UNKNOWN
+    if damage == "missing":
+        state.unlink()
+        expected = N.DRIVER_NOT_LOADED
+    elif damage == "garbage":
+        state.write_bytes(bytes(range(256)) * 4)
+    elif damage == "truncated":
+        state.write_text(text[: text.index("cuda")])
+    elif damage == "bad-number":
+        state.write_text(re.sub(r"memory=\d+", "memory=-5", text, count=1))
+    else:
+        for info in (root / "proc/driver/nvidia/gpus").glob("*/information"):
+            info.unlink()
+            info.parent.rmdir()
+        (root / "proc/driver/nvidia/gpus").rmdir()
+        expected = N.DRIVER_NOT_LOADED
+    monkeypatch.setenv("HWSANDBOX_NVML_ROOT", str(root))
+    assert nvml.nvmlInit_v2() == expected
+    n = ctypes.c_uint()
+    assert nvml.nvmlDeviceGetCount_v2(ctypes.byref(n)) == N.UNINITIALIZED
+    assert nvml.nvmlShutdown() == N.UNINITIALIZED
+    if damage == "no-gpus-dir":
+        return
+    # after init, a state file gone bad keeps the last good state
+    state.write_text(text)
+    init(nvml, root, monkeypatch)
+    state.write_text("format 1\ngpu nonsense\n")
+    assert nvml.memory(nvml.handle(0)) == (N.SUCCESS, 80 * 1024**3)
+
+
+def test_concurrent_callers_and_init_shutdown_cycles(
+    nvml: N.Nvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = rendered("mig-partitions.yaml", tmp_path / "root")
+    init(nvml, root, monkeypatch)  # held by the test: the count never drops to zero
+    problems: list[str] = []
+    allowed = {N.SUCCESS, N.UNINITIALIZED, N.NOT_FOUND, N.INVALID_ARGUMENT}
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(400):
+                cycles = rng.random() < 0.2
+                if cycles:
+                    nvml.check(nvml.nvmlInit_v2())
+                h = ctypes.c_void_p()
+                ret = nvml.nvmlDeviceGetHandleByIndex_v2(rng.randrange(4), ctypes.byref(h))
+                if ret == N.SUCCESS:
+                    if nvml.uuid(h) not in (root / STATE).read_text() + tree_text:
+                        problems.append(f"unknown uuid from {h}")
+                    m = ctypes.c_void_p()
+                    ret = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, rng.randrange(5),
+                                                                   ctypes.byref(m))  # fmt: skip
+                    if ret == N.SUCCESS:
+                        ret = nvml.memory(m)[0]
+                if ret not in allowed:
+                    problems.append(f"code {ret}")
+                if cycles:
+                    nvml.check(nvml.nvmlShutdown())
+        except Exception as e:  # a worker's failure is the test's
+            problems.append(repr(e))
+
+    tree_text = "".join(tree_gpus(root))
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert problems == []
+    assert nvml.count() == 4
+    nvml.check(nvml.nvmlShutdown())
+    for _ in range(200):  # full cycles: every init re-reads the tree
+        nvml.check(nvml.nvmlInit_v2())
+        assert nvml.count() == 4
+        nvml.check(nvml.nvmlShutdown())
+    h = ctypes.c_void_p()
+    assert nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == N.UNINITIALIZED
+    assert nvml.nvmlShutdown() == N.UNINITIALIZED
+
+
+def test_ten_thousand_random_call_sequences_never_crash(tmp_path: Path) -> None:
+    lib = nvml_library()
+    total: dict[str, int] = {}
+    for profile, seed in (("mig-partitions.yaml", 1), ("8gpu-2numa.yaml", 2)):
+        root = rendered(profile, tmp_path / profile)
+        env = {**os.environ, "HWSANDBOX_NVML_ROOT": str(root), "HWSANDBOX_NVML_REFRESH_MS": "0"}
+        env.pop("HWSANDBOX_NVML_LOG", None)
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.nvml_ctypes", "fuzz", str(lib), str(root), "5000",
+             str(seed)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-3000:]}"
+        for item in result.stdout.split():
+            code, n = item.split(":")
+            total[code] = total.get(code, 0) + int(n)
+    # the sequences reached the library's real answers, not only its refusals
+    assert total.get("0", 0) > 1000, total
+    assert {"0", "1", "2", "3"} <= set(total), total
