@@ -27,6 +27,7 @@ from sandbox.fakehw.control import ControlPaths
 from sandbox.fakehw.fs import DEFAULT_DEV_MAP, check_mount_root, serve
 from sandbox.fakehw.tree import CharDevice, DeviceState, Health, Reason, Tree, check_component
 from sandbox.profile import NodeSpec, load_profile
+from sandbox.profile.spec import read_node
 from sandbox.supervisor import Proc
 
 log = logging.getLogger(__name__)
@@ -174,12 +175,19 @@ def remove_device_nodes(made: Sequence[str], dev_dir: Path,
         os.close(top)
 
 
-def run_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
-             state_dir: Path | None = None, dev_dir: Path | None = None,
-             dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP, allow_dev: bool = False,
-             ready: Callable[[ControlPaths], None] | None = None) -> None:
-    """Mount and serve one node until unmounted or signalled (foreground)."""
-    spec = resolve_node(profile_path, node, index)
+def run_node(profile_path: str | None, node: str | None, root: Path, *,
+             index: int | None = None, state_dir: Path | None = None,
+             dev_dir: Path | None = None, dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP,
+             allow_dev: bool = False, ready: Callable[[ControlPaths], None] | None = None,
+             spec_file: Path | None = None) -> None:
+    """Mount and serve one node until unmounted or signalled (foreground): the node of the
+    resolved ``spec_file`` if given (docs/spec-format.md), else of the profile."""
+    if spec_file is not None:
+        spec = read_node(spec_file, node, index)
+    elif profile_path is not None and node is not None:
+        spec = resolve_node(profile_path, node, index)
+    else:
+        raise SandboxError("a node to serve needs a spec file, or a profile and a node name")
     root = check_mount_root(root)
 
     def rebuild(states: Mapping[str, DeviceState]) -> Tree:
@@ -206,12 +214,14 @@ def run_node(profile_path: str, node: str, root: Path, *, index: int | None = No
             remove_device_nodes(made, dev_dir, dev_map)
 
 
-def start_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
+def start_node(profile_path: str | None, node: str, root: Path, *, index: int | None = None,
                state_dir: Path | None, log_file: Path, dev_dir: Path | None = None,
-               extra: Sequence[str] = ()) -> Proc:
+               extra: Sequence[str] = (), spec_file: Path | None = None) -> Proc:
     """Start ``sandbox mount`` for one node, detached (``sandbox.supervisor``); returns at
-    once. ``state_dir`` None: the control socket is ``ROOT.sock`` beside the mount."""
-    argv = [sys.executable, "-m", "sandbox", "mount", profile_path, "--node", node, str(root)]
+    once. ``state_dir`` None: the control socket is ``ROOT.sock`` beside the mount.
+    ``spec_file``: the server serves that resolved spec instead of resolving the profile."""
+    source = ["--spec", str(spec_file.absolute())] if spec_file else [profile_path or ""]
+    argv = [sys.executable, "-m", "sandbox", "mount", *source, "--node", node, str(root)]
     if state_dir is not None:
         argv += ["--state-dir", str(state_dir)]
     if index is not None:
@@ -232,12 +242,13 @@ def wait_node(proc: Proc, timeout: float = 20.0) -> Proc:
     return proc
 
 
-def spawn_node(profile_path: str, node: str, root: Path, *, index: int | None = None,
-               state_dir: Path | None, log_file: Path, dev_dir: Path | None = None,
-               extra: Sequence[str] = (), timeout: float = 20.0) -> Proc:
+def spawn_node(profile_path: str | None, node: str, root: Path, *,
+               index: int | None = None, state_dir: Path | None, log_file: Path,
+               dev_dir: Path | None = None, extra: Sequence[str] = (), timeout: float = 20.0,
+               spec_file: Path | None = None) -> Proc:
     """Start one node's server detached and wait until it serves."""
     proc = start_node(profile_path, node, root, index=index, state_dir=state_dir,
-                      log_file=log_file, dev_dir=dev_dir, extra=extra)
+                      log_file=log_file, dev_dir=dev_dir, extra=extra, spec_file=spec_file)
     return wait_node(proc, timeout)
 
 

@@ -87,6 +87,10 @@ def _snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:
 def test_mount_serves_the_same_bytes_and_links_as_render(mounted: tuple[Path, Path],
                                                          rendered: Path) -> None:
     root, _ = mounted
+    _assert_same_as_render(root, rendered)
+
+
+def _assert_same_as_render(root: Path, rendered: Path) -> None:
     live = _snapshot(root)
     plain = _snapshot(rendered)
     # The render writes device entries as placeholders plus dev/.devices; the mount
@@ -100,6 +104,41 @@ def test_mount_serves_the_same_bytes_and_links_as_render(mounted: tuple[Path, Pa
     assert live.keys() == plain.keys()
     different = [k for k in live if live[k] != plain[k]]
     assert different == []
+
+
+def test_mount_serves_a_resolved_spec_file(tmp_path: Path, rendered: Path) -> None:
+    """`sandbox show -o spec` then `sandbox mount --spec`: the same tree as the profile's."""
+    require_fuse()
+    result = sandbox("show", str(PROFILE), "-o", "spec", "--node", "gpu-worker")
+    assert result.returncode == 0, result.stderr
+    spec_file = tmp_path / "gpu-worker.json"
+    spec_file.write_text(result.stdout)
+    root = tmp_path / "root"
+    result = sandbox("mount", "--spec", str(spec_file), str(root), "--daemon")
+    assert result.returncode == 0, result.stderr
+    try:
+        _assert_same_as_render(root, rendered)
+    finally:
+        unmount(root)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--spec", "{bad}"), "{bad}: resolved spec version 0; this sandbox reads version 1 "
+                          "(resolve the profile again)"),
+    ((str(PROFILE), "--spec"), "{bad}: not a resolved spec (not JSON: Expecting value: "
+                               "line 1 column 1 (char 0))".replace("{bad}", str(PROFILE))),
+    ((str(PROFILE),), "--node NAME is needed with a profile"),
+])
+def test_mount_refuses_a_bad_source_before_mounting(tmp_path: Path, args: tuple[str, ...],
+                                                    message: str) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "hwsandbox.dev/resolved-spec", "version": 0}')
+    root = tmp_path / "root"
+    result = sandbox("mount", *(a.replace("{bad}", str(bad)) for a in args), str(root),
+                     "--daemon")
+    expected = f"error: {message.replace('{bad}', str(bad))}\n"
+    assert (result.returncode, result.stderr) == (1, expected)
+    assert not root.exists()
 
 
 def _gpus(xml: ET.Element) -> list[str]:

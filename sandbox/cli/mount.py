@@ -10,6 +10,7 @@ from pathlib import Path
 from sandbox.agent import run_node, spawn_node
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlPaths, control_paths
+from sandbox.profile.spec import read_node
 
 DEFAULT_DEV_MAP = (1, 3)  # /dev/null: openable and harmless (as sandbox.fakehw.fs)
 
@@ -28,11 +29,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Mount the node's tree at ROOT (ROOT/sys, ROOT/dev, ROOT/proc) and serve "
         "it until unmounted (fusermount3 -u ROOT) or interrupted. Faults change it live through "
         "the control socket (ROOT.sock beside the mount, or STATE_DIR/control.sock); see "
-        "`sandbox fault`. A dead mount left by a killed server is recovered first.",
+        "`sandbox fault`. A dead mount left by a killed server is recovered first. "
+        "With --spec, PROFILE is a resolved spec file (`sandbox show -o spec`, "
+        "docs/spec-format.md), served as it is instead of resolving a profile.",
     )
-    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("profile", metavar="PROFILE",
+                   help="the hardware profile (with --spec: a resolved spec file)")
     p.add_argument("root", metavar="ROOT", help="mount point (created if missing)")
-    p.add_argument("--node", required=True, help="node name (or replica name like worker-1)")
+    p.add_argument("--spec", action="store_true",
+                   help="PROFILE is a resolved spec: a node, or a cluster with --node")
+    p.add_argument("--node", help="node name (or replica name like worker-1); needed with a "
+                   "profile and with a spec file of several nodes")
     p.add_argument("--index", type=int, help="replica index when the node has count > 1")
     p.add_argument("--state-dir", type=Path,
                    help="where control.sock and state.json live (default: beside ROOT)")
@@ -51,6 +58,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     root = Path(args.root)
+    spec_file = Path(args.profile) if args.spec else None
+    profile = None if args.spec else args.profile
+    if spec_file is not None:
+        # Read it here too: a bad file fails before anything is mounted or started.
+        args.node = read_node(spec_file, args.node, args.index).name
+        args.index = None  # the replica name alone names the node
+    elif args.node is None:
+        raise SandboxError("--node NAME is needed with a profile")
     if args.daemon:
         log_file = args.log_file or root.absolute().parent / f"{root.name}.log"
         extra: list[str] = []
@@ -58,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
             extra += ["--dev-map", f"{args.dev_map[0]}:{args.dev_map[1]}"]
         if args.dev:
             extra.append("--dev")
-        pid = spawn_node(args.profile, args.node, root, index=args.index,
+        pid = spawn_node(profile, args.node, root, index=args.index,
                          state_dir=args.state_dir, log_file=log_file,
-                         dev_dir=args.dev_dir, extra=extra).pid
+                         dev_dir=args.dev_dir, extra=extra, spec_file=spec_file).pid
         if args.pid_file:
             args.pid_file.write_text(f"{pid}\n")
         paths = control_paths(root, args.state_dir)
@@ -73,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ready {paths.socket} {os.getpid()}", flush=True)
         print(f"serving {root}; stop with Ctrl-C or fusermount3 -u {root}", file=sys.stderr)
 
-    run_node(args.profile, args.node, root, index=args.index, state_dir=args.state_dir,
-             dev_dir=args.dev_dir, dev_map=args.dev_map, allow_dev=args.dev, ready=ready)
+    run_node(profile, args.node, root, index=args.index, state_dir=args.state_dir,
+             dev_dir=args.dev_dir, dev_map=args.dev_map, allow_dev=args.dev, ready=ready,
+             spec_file=spec_file)
     return 0
