@@ -27,8 +27,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
+from fakehw_serve import _load_rebuild  # noqa: E402
+
 from sandbox.fakehw.control import ControlClient  # noqa: E402
-from sandbox.fakehw.fs import _load_rebuild  # noqa: E402
 from sandbox.fakehw.tree import (  # noqa: E402
     CharDevice,
     DeviceState,
@@ -73,7 +74,7 @@ def stat_read_all(root: Path, files: list[str]) -> float:
 def start(root: Path, rebuild: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sandbox.fakehw.fs", str(root), "--rebuild", rebuild],
+        [sys.executable, "-m", "fakehw_serve", str(root), "--rebuild", rebuild],
         stdout=subprocess.PIPE,
         env=env,
     )

@@ -3,7 +3,7 @@
 ``make_rebuild(n)`` returns a pure ``rebuild(states) -> Tree`` with ``n`` GPUs (PCI dir,
 ``class/drm`` link, ``/dev/dri`` node, ``aer_dev_fatal`` that counts when unhealthy,
 SR-IOV VFs) and one NIC (``operstate`` down on link-down). Unplugged devices are absent.
-``python -m sandbox.fakehw.fs ROOT --rebuild fakehw_toy:rebuild`` serves it (with this
+``python -m fakehw_serve ROOT --rebuild fakehw_toy:rebuild`` serves it (with this
 directory on PYTHONPATH). Also holds the "FUSE must be installed" check and a harness that
 runs the server as a subprocess.
 """
@@ -123,7 +123,7 @@ TESTS = Path(__file__).resolve().parent
 
 @dataclass
 class Server:
-    """A ``python -m sandbox.fakehw.fs`` subprocess serving a toy tree."""
+    """A ``python -m fakehw_serve`` subprocess (tests/fakehw_serve.py) serving a toy tree."""
 
     root: Path
     socket: Path
@@ -191,7 +191,7 @@ def start_server(
         *wrapper,
         sys.executable,
         "-m",
-        "sandbox.fakehw.fs",
+        "fakehw_serve",
         str(root),
         "--rebuild",
         rebuild,

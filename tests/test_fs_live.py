@@ -1,9 +1,9 @@
 """The live FUSE tree: real mounts served by a subprocess, checked through the kernel.
 
-Every test mounts ``fakehw_toy`` (a hand-made tree) with ``python -m sandbox.fakehw.fs``
-and unmounts with ``fusermount3 -u``, asserting the server exits 0. Missing FUSE fails
-with an install hint. The pure diff/state logic of ``sandbox.fakehw.live`` is tested
-here too, without a mount.
+Every test mounts ``fakehw_toy`` (a hand-made tree) with ``python -m fakehw_serve``
+(tests/fakehw_serve.py, over ``sandbox.fakehw.fs.serve``) and unmounts with
+``fusermount3 -u``, asserting the server exits 0. Missing FUSE fails with an install hint.
+The pure diff/state logic of ``sandbox.fakehw.live`` is tested here too, without a mount.
 """
 
 from __future__ import annotations

@@ -13,23 +13,21 @@ whose kind changes gets a new one (the kernel marks an inode bad if its type cha
 
 ``serve()`` mounts, runs the control server and returns after ``fusermount3 -u ROOT`` or
 SIGTERM/SIGINT. ``recover_mount()`` clears a dead mount left by a killed server.
-``python -m sandbox.fakehw.fs ROOT --rebuild MODULE:FUNC`` is a development entry point.
+``sandbox mount`` serves a profile's node with it; tests/fakehw_serve.py serves the tests'
+hand-made trees.
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
-import importlib
 import logging
 import os
 import signal
 import stat
-import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pyfuse3
 import trio
@@ -405,83 +403,3 @@ async def serve(
     finally:
         # After `fusermount3 -u` the kernel side is already gone; otherwise unmount.
         pyfuse3.close(unmount=stopped_by_us or not clean)
-
-
-# -- development entry point ------------------------------------------------------------
-def _load_rebuild(spec: str) -> Rebuild:
-    module, _, attr = spec.partition(":")
-    if not module or not attr:
-        raise MountError(f"--rebuild {spec!r}: expected MODULE:FUNCTION")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise MountError(f"--rebuild {spec!r}: {exc}") from exc
-    if not callable(obj):
-        raise MountError(f"--rebuild {spec!r}: not callable")
-    return cast(Rebuild, obj)
-
-
-def _parse_dev(text: str) -> tuple[int, int]:
-    major, sep, minor = text.partition(":")
-    if not sep or not major.isdigit() or not minor.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected MAJOR:MINOR")
-    return int(major), int(minor)
-
-
-class _PrintReady:
-    """A trio TaskStatus that announces readiness on stdout for a parent process."""
-
-    def started(self, value: ControlPaths | None = None) -> None:
-        sock = value.socket if value is not None else ""
-        print(f"ready {sock}", flush=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m sandbox.fakehw.fs",
-        description="Serve a live fake tree over FUSE (development entry point).",
-    )
-    parser.add_argument("root", help="mount point")
-    parser.add_argument(
-        "--rebuild",
-        required=True,
-        metavar="MODULE:FUNC",
-        help="callable (states) -> Tree, e.g. fakehw_toy:rebuild",
-    )
-    parser.add_argument("--state-dir", help="directory for control.sock and state.json")
-    parser.add_argument(
-        "--dev-map",
-        type=_parse_dev,
-        nargs="?",
-        const=DEFAULT_DEV_MAP,
-        metavar="MAJOR:MINOR",
-        help="report every char device as this (default 1:3)",
-    )
-    parser.add_argument("--dev", action="store_true", help="mount with the dev option")
-    parser.add_argument("--debug", action="store_true")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    logging.getLogger("pyfuse3").setLevel(logging.INFO)  # per-request noise otherwise
-    try:
-        rebuild = _load_rebuild(args.rebuild)
-        trio.run(
-            lambda: serve(
-                args.root,
-                rebuild,
-                state_dir=args.state_dir,
-                dev_map=args.dev_map,
-                allow_dev=args.dev,
-                task_status=_PrintReady(),
-            )
-        )
-    except MountError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
