@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,9 +163,13 @@ def test_faults_reach_nvml_as_xid_events_and_lost_gpus(
             client.plug("gpu6")
         assert nvml.memory(h6) == (N.SUCCESS, 80 * 1024**3)
         assert nvml.nvmlEventSetWait_v2(evset, ctypes.byref(ev), 300) == N.TIMEOUT
-        with live.client() as client:  # a second fault on a recovered GPU is a new event
+        with live.client() as client:  # events queue until waited for, like the driver's
             client.health("gpu3", "unhealthy", "link-down")
-        assert wait_event().eventData == 79
+            time.sleep(0.3)  # pacing, not a measurement: longer than the 10 ms poll
+            client.health("gpu3", "healthy")
+            time.sleep(0.3)
+            client.health("gpu3", "unhealthy", "aer-fatal")
+        assert [wait_event().eventData for _ in range(2)] == [79, 48]
         nvml.check(nvml.nvmlEventSetFree(evset))
 
 

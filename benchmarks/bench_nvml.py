@@ -1,0 +1,126 @@
+"""Our NVML (sandbox/nvml) on a live FUSE mount of 8gpu-2numa, as ratios against baselines
+measured in the same run.
+
+    sequence   nvmlDeviceGetHandleByIndex + GetUUID + GetMemoryInfo for all 8 GPUs, in one
+               call sequence (ctypes), at the default state refresh (50 ms) and at 0 (the
+               state file re-read on every call); baseline: a plain read of the same tree
+               files (8 information files + the state file) from Python
+    init       nvmlInit + nvmlShutdown (scans the tree); same baseline
+    fault      control-socket health flip -> nvmlEventSetWait returns the Xid; baseline:
+               the control call alone (the flip's own round trip, tree rebuild included)
+
+Run: python benchmarks/bench_nvml.py [--rounds 2000] [--flips 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from sandbox.nvml import build  # noqa: E402
+from tests import nvml_ctypes as N  # noqa: E402
+from tests.thirdparty import live_node  # noqa: E402
+
+
+def per_call(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
+    """(median, p95) seconds of ``fn`` over ``rounds`` runs."""
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    out.sort()
+    return statistics.median(out), out[int(0.95 * (len(out) - 1))]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2000)
+    ap.add_argument("--flips", type=int, default=10)
+    args = ap.parse_args()
+    lib_path = build()
+    nv = N.Nvml(lib_path)
+    rows: list[tuple[str, float, float, str]] = []
+    with live_node("8gpu-2numa.yaml", "gpu-worker") as live:
+        os.environ["HWSANDBOX_NVML_ROOT"] = str(live.root)
+        gpus_dir = live.root / "proc/driver/nvidia/gpus"
+        infos = sorted(gpus_dir.glob("*/information"))
+        state = live.root / "proc/driver/nvidia/hwsandbox/nvml"
+
+        def plain() -> None:
+            for info in infos:
+                info.read_bytes()
+            state.read_bytes()
+
+        def sequence() -> None:
+            h = ctypes.c_void_p()
+            buf = ctypes.create_string_buffer(96)
+            mem = N.Memory()
+            for i in range(8):
+                nv.lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(h))
+                nv.lib.nvmlDeviceGetUUID(h, buf, 96)
+                nv.lib.nvmlDeviceGetMemoryInfo(h, ctypes.byref(mem))
+
+        base_med, base_p95 = per_call(plain, args.rounds)
+        rows.append(("plain read of the tree files (baseline)", base_med, base_p95, "1.00"))
+        for refresh in ("50", "0"):
+            os.environ["HWSANDBOX_NVML_REFRESH_MS"] = refresh
+            nv.check(nv.nvmlInit_v2())
+            sequence()
+            med, p95 = per_call(sequence, args.rounds)
+            nv.check(nv.nvmlShutdown())
+            rows.append((f"NVML sequence, refresh {refresh} ms", med, p95, f"{med / base_med:.2f}"))
+
+        def init_cycle() -> None:
+            nv.check(nv.nvmlInit_v2())
+            nv.check(nv.nvmlShutdown())
+
+        med, p95 = per_call(init_cycle, max(50, args.rounds // 20))
+        rows.append(("nvmlInit + nvmlShutdown", med, p95, f"{med / base_med:.2f}"))
+
+        os.environ["HWSANDBOX_NVML_REFRESH_MS"] = "50"
+        nv.check(nv.nvmlInit_v2())
+        evset = ctypes.c_void_p()
+        nv.check(nv.nvmlEventSetCreate(ctypes.byref(evset)))
+        for i in range(8):
+            nv.check(nv.nvmlDeviceRegisterEvents(nv.handle(i), ctypes.c_ulonglong(8), evset))
+        ev = N.EventData()
+        flips, calls = [], []
+        with live.client() as client:
+            for k in range(args.flips):
+                healthy = k % 2 == 1
+                t0 = time.perf_counter()
+                client.health("gpu3", "healthy" if healthy else "unhealthy",
+                              None if healthy else "aer-fatal")  # fmt: skip
+                calls.append(time.perf_counter() - t0)
+                if healthy:  # recoveries shorter than the 50 ms poll can go unseen
+                    time.sleep(0.2)
+                else:
+                    nv.check(nv.nvmlEventSetWait_v2(evset, ctypes.byref(ev), 10_000))
+                    flips.append(time.perf_counter() - t0)
+                    assert ev.eventData == 48
+        nv.check(nv.nvmlEventSetFree(evset))
+        nv.check(nv.nvmlShutdown())
+        call_med = statistics.median(calls)
+        rows.append(("control health call (baseline)", call_med, max(calls), "1.00"))
+        flip_med = statistics.median(flips)
+        rows.append(("fault -> Xid event via nvmlEventSetWait", flip_med, max(flips),
+                     f"{flip_med / call_med:.2f}"))  # fmt: skip
+
+    print(f"{'measurement':44} {'median':>10} {'p95/max':>10} {'ratio':>7}")
+    for name, med, p95, ratio in rows:
+        print(f"{name:44} {med * 1e3:8.3f}ms {p95 * 1e3:8.3f}ms {ratio:>7}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
