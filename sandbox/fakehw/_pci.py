@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass, field
 
 from sandbox.fakehw._common import RW, WO, Ctx, fault, make_file, present
-from sandbox.fakehw.tree import File, Reason
+from sandbox.fakehw.tree import DeviceState, File, Reason
 from sandbox.profile.spec import DeviceSpec, NodeSpec, PciFunction
 
 DEVICES = "sys/bus/pci/devices"
@@ -169,6 +169,32 @@ def _resource(bar: int, bridge: bool) -> str:
     return first + zero * 12
 
 
+def _identity(f: PciFunction) -> tuple[str, str]:
+    """The function's modalias and uevent."""
+    modalias = (
+        f"pci:v{f.vendor_id:08X}d{f.device_id:08X}sv{f.subsystem_vendor_id:08X}"
+        f"sd{f.subsystem_device_id:08X}bc{f.class_code >> 16:02X}"
+        f"sc{(f.class_code >> 8) & 0xFF:02X}i{f.class_code & 0xFF:02X}"
+    )
+    uevent = (
+        (f"DRIVER={f.driver}\n" if f.driver else "")
+        + f"PCI_CLASS={f.class_code:X}\nPCI_ID={f.vendor_id:04X}:{f.device_id:04X}\n"
+        f"PCI_SUBSYS_ID={f.subsystem_vendor_id:04X}:{f.subsystem_device_id:04X}\n"
+        f"PCI_SLOT_NAME={f.address}\nMODALIAS={modalias}\n"
+    )
+    return modalias, uevent
+
+
+def _link(ctx: Ctx, f: PciFunction, state: DeviceState | None) -> tuple[str, str, str]:
+    """aer_dev_fatal, current link speed and width under the owner's faults."""
+    if state is not None:
+        if fault(state, Reason.AER_FATAL):
+            return AER_FATAL_INTERNAL, f.link_speed, str(f.link_width)
+        if fault(state, Reason.LINK_DOWN) and ctx.kinds.get(f.owner or "") != "nic":
+            return AER_FATAL_SURPRISE_DOWN, "Unknown", "0"
+    return AER_FATAL_CLEAN, f.link_speed, str(f.link_width)
+
+
 def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str]:
     """Write every present function; returns address -> directory of what it wrote."""
     node = ctx.node
@@ -192,25 +218,8 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
         bar = 0x380000000000 + (ordinal << 24)
         irq = 0 if pf is not None else 24 + ordinal % 200
         mask, cpulist = ctx.locality.get(f.numa_node, ctx.locality[-1])
-        modalias = (
-            f"pci:v{f.vendor_id:08X}d{f.device_id:08X}sv{f.subsystem_vendor_id:08X}"
-            f"sd{f.subsystem_device_id:08X}bc{f.class_code >> 16:02X}"
-            f"sc{(f.class_code >> 8) & 0xFF:02X}i{f.class_code & 0xFF:02X}"
-        )
-        uevent = (
-            (f"DRIVER={f.driver}\n" if f.driver else "")
-            + f"PCI_CLASS={f.class_code:X}\nPCI_ID={f.vendor_id:04X}:{f.device_id:04X}\n"
-            f"PCI_SUBSYS_ID={f.subsystem_vendor_id:04X}:{f.subsystem_device_id:04X}\n"
-            f"PCI_SLOT_NAME={addr}\nMODALIAS={modalias}\n"
-        )
-        speed, width = f.link_speed, str(f.link_width)
-        fatal = AER_FATAL_CLEAN
-        if state is not None:
-            if fault(state, Reason.AER_FATAL):
-                fatal = AER_FATAL_INTERNAL
-            elif fault(state, Reason.LINK_DOWN) and ctx.kinds.get(owner or "") != "nic":
-                fatal = AER_FATAL_SURPRISE_DOWN
-                speed, width = "Unknown", "0"
+        modalias, uevent = _identity(f)
+        fatal, speed, width = _link(ctx, f, state)
         attrs: dict[str, str | bytes] = {
             "vendor": f"0x{f.vendor_id:04x}\n",
             "device": f"0x{f.device_id:04x}\n",
