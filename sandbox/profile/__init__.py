@@ -3,7 +3,9 @@
     load_profile(path) -> LoadedProfile(path, profile, cluster)
 
 ``profile`` is the document as written (``model``); ``cluster`` is every node replica
-with every default filled in (``resolve``), which the tree builder consumes.
+with every default filled in (computed by ``resolve``, typed by ``spec``), which the tree
+builder consumes. ``spec.dump``/``spec.load`` write a resolved node or cluster as JSON
+and read it back (docs/spec-format.md).
 """
 
 from sandbox.profile.loader import LoadedProfile, format_loc, load_profile, load_profile_text
