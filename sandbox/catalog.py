@@ -39,6 +39,9 @@ PLUGINS = (
     PluginManifest("intel-gpu-plugin", "intel-gpu-plugin.yaml", "device-plugin",
                    "Intel's GPU plugin: cards from /sys/class/drm and /dev/dri",
                    "intel-flex-sriov"),
+    PluginManifest("nvidia-device-plugin", "nvidia-device-plugin.yaml", "device-plugin",
+                   "NVIDIA's plugin and gpu-feature-discovery, unmodified, through our NVML"
+                   " (docs/nvml.md)", "8gpu-2numa (any NVIDIA profile)"),
     PluginManifest("amd-rocm-plugin", "amd-rocm-plugin.yaml", "device-plugin",
                    "AMD's ROCm plugin: amdgpu driver dirs and KFD topology", "amd-mi300x"),
     PluginManifest("dra-example-driver", "dra-example-driver.yaml", "dra-driver",
