@@ -184,3 +184,24 @@ def test_nvidia_plugin_mixed_mig_strategy_advertises_each_profile(mig_node: Plug
     # the parent GPU's node and the instance's two nvidia-caps access nodes
     nodes = sorted(c for c, _, _ in alloc.devices)
     assert sum(1 for c in nodes if c.startswith("/dev/nvidia-caps/nvidia-cap")) == 2, nodes
+
+
+@pytest.fixture
+def workshop_node() -> Iterator[PluginNode]:
+    yield from _run_plugin("workshop-mixed.yaml", "gpu-worker-0")
+
+
+def test_nvidia_plugin_on_l40s_and_a_t4_that_starts_broken(workshop_node: PluginNode) -> None:
+    """workshop-mixed: 4 L40S and a T4 whose profile says unhealthy (aer-fatal) from the
+    start. The fault is already there when the plugin registers for events: it is
+    delivered by the first wait, so the T4 is the one unhealthy device."""
+    gpus = tree_gpus(workshop_node.live.root)
+    with workshop_node.live.client() as client:
+        devices = client.devices()
+    t4 = {g.bdf: u for u, g in gpus.items()}[next(
+        d["pci_address"] for d in devices.values() if d.get("model") == "t4")]
+    snap = workshop_node.wait(lambda s: s.capacity(GPU) == 5 and s.allocatable(GPU) == 4,
+                              "5 GPUs, the T4 unhealthy")  # fmt: skip
+    assert {d.id for d in snap.resources[GPU].devices if d.health != "Healthy"} == {t4}
+    assert {d.id: d.numa_nodes for d in snap.resources[GPU].devices} == {
+        u: (g.numa_node,) for u, g in gpus.items()}  # fmt: skip
