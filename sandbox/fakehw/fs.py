@@ -45,18 +45,37 @@ FSNAME = "hwsandbox"
 DEFAULT_DEV_MAP = (1, 3)  # /dev/null: openable and harmless
 CACHE_TIMEOUT = 86400.0  # seconds; invalidation, not expiry, keeps caches correct
 _INVALIDATE_IGNORED = (errno.ENOENT, errno.ENOTDIR)
+# pyfuse3 built with scripts/pyfuse3-hwsandbox.patch passes the inode to read/readdir when
+# the kernel runs without OPEN/OPENDIR (fh 0), and can request FUSE_CAP_CACHE_SYMLINKS.
+FAST_MODE_AVAILABLE = getattr(pyfuse3, "HWSANDBOX_PATCH", 0) >= 1
+_LISTINGS = 64  # directory listings kept for readdir continuations in fast mode
+_OFF_BITS = 32  # a fast-mode readdir offset is (listing number << 32) | position
 
 
 class _Operations(pyfuse3.Operations):  # type: ignore[misc]
     """Request handlers. They only raise pyfuse3.FUSEError and take what they serve from
     one snapshot of the tree; only ``open`` awaits (its page-cache store, after taking
-    the entry, re-invalidated if the tree changed meanwhile)."""
+    the entry, re-invalidated if the tree changed meanwhile).
+
+    In fast mode (``fast=True``, needs the patched pyfuse3) OPEN and OPENDIR answer ENOSYS:
+    the kernel then stops sending them (and RELEASE) for the life of the mount, keeps page
+    cache and directory listings, and read/readdir get the inode instead of a handle.
+    Failed lookups are cached as negative entries and symlink targets are cached too;
+    ``plan`` invalidates all three when the tree changes."""
 
     enable_writeback_cache = False
+    enable_cache_symlinks = True  # read by the patched pyfuse3's init; ignored otherwise
 
-    def __init__(self, live: LiveTree, dev_map: tuple[int, int] | None) -> None:
+    def __init__(
+        self, live: LiveTree, dev_map: tuple[int, int] | None, *, fast: bool = False
+    ) -> None:
         super().__init__()
         self.live = live
+        self.fast = fast
+        # fast mode: listing number -> the listing a readdir started (offsets stay valid
+        # across changes, as with a listing taken at opendir); oldest dropped first.
+        self._listings: dict[int, list[tuple[bytes, str, Entry]]] = {}
+        self._next_listing = 1
         self._rdev_map = os.makedev(*dev_map) if dev_map is not None else None
         self._ino: dict[tuple[str, Kind], int] = {("", "dir"): pyfuse3.ROOT_INODE}
         self._path: dict[int, tuple[str, Kind]] = {pyfuse3.ROOT_INODE: ("", "dir")}
@@ -138,6 +157,11 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
             path = f"{parent}/{n}" if parent else n
         child = self.live.snapshot.index.get(path)
         if child is None:
+            if self.fast:  # a negative entry: the kernel caches the miss until invalidated
+                miss = pyfuse3.EntryAttributes()
+                miss.st_ino = 0
+                miss.entry_timeout = CACHE_TIMEOUT
+                return miss
             raise pyfuse3.FUSEError(errno.ENOENT)
         return self._attrs(path, child)
 
@@ -150,22 +174,29 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
             raise pyfuse3.FUSEError(errno.EINVAL)
         return os.fsencode(entry.target)
 
-    async def opendir(self, inode: int, ctx: Any = None) -> int:
+    def _listing(self, inode: int) -> list[tuple[bytes, str, Entry]]:
         path, entry = self._entry(inode)
         if not isinstance(entry, Dir):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         prefix = f"{path}/" if path else ""
-        # A listing is a snapshot taken at opendir: offsets stay valid whatever changes.
-        listing = [
+        return [
             (os.fsencode(name), prefix + name, entry.children[name])
             for name in sorted(entry.children)
         ]
+
+    async def opendir(self, inode: int, ctx: Any = None) -> int:
+        if self.fast:
+            raise pyfuse3.FUSEError(errno.ENOSYS)  # no-opendir mode from now on
+        # A listing is a snapshot taken at opendir: offsets stay valid whatever changes.
+        listing = self._listing(inode)
         fh = self._next_fh
         self._next_fh += 1
         self._dirs[fh] = listing
         return fh
 
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        if self.fast:
+            return self._readdir_fast(fh, start_id, token)
         listing = self._dirs.get(fh)
         if listing is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -173,11 +204,36 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
             name, path, entry = listing[i]
             if not pyfuse3.readdir_reply(token, name, self._attrs(path, entry), i + 1):
                 return
+        return None
+
+    def _readdir_fast(self, inode: int, off: int, token: Any) -> None:
+        """``readdir`` without opendir: ``inode`` is the directory. Offset 0 takes a listing
+        of the current tree and numbers it; later offsets name that listing and a position
+        in it, so one pass over a directory sees one state even if the tree changes."""
+        number, start = off >> _OFF_BITS, off & ((1 << _OFF_BITS) - 1)
+        listing = self._listings.get(number) if number else None
+        if listing is None:
+            listing = self._listing(inode)
+            number = self._next_listing
+            self._next_listing += 1
+            self._listings[number] = listing
+            while len(self._listings) > _LISTINGS:
+                del self._listings[next(iter(self._listings))]
+            if off:  # the listing it continued was dropped: go on in today's listing
+                start = min(start, len(listing))
+        base = number << _OFF_BITS
+        for i in range(start, len(listing)):
+            name, path, entry = listing[i]
+            if not pyfuse3.readdir_reply(token, name, self._attrs(path, entry), base + i + 1):
+                return
+        self._listings.pop(number, None)  # read to the end: not continued again
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
 
     async def open(self, inode: int, flags: int, ctx: Any = None) -> Any:
+        if self.fast:
+            raise pyfuse3.FUSEError(errno.ENOSYS)  # no-open mode: read() gets the inode
         _, entry = self._entry(inode)
         if isinstance(entry, Dir):
             raise pyfuse3.FUSEError(errno.EISDIR)
@@ -224,8 +280,18 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         """Kernel notifications for ``diff``: (parent, name) entries and (inode, None).
 
         Only inodes this mount ever handed out can be cached by the kernel, so paths that
-        never got one are skipped; negative lookups are not cached (we answer ENOENT)."""
+        never got one are skipped. A path that appears may be cached as a negative entry
+        (fast mode): its (parent, name) is dropped too, for the topmost new path only (a new
+        directory's children were never looked up)."""
         ops: list[tuple[int, bytes | None]] = []
+        new_dirs = {p for p, k in diff.added if k == "dir"}
+        for path, _ in diff.added:
+            parent, _, name = path.rpartition("/")
+            if parent in new_dirs:
+                continue
+            pino = self._ino.get((parent, "dir"))
+            if pino is not None:
+                ops.append((pino, os.fsencode(name)))
         gone_dirs: set[str] = set()
         for path, kind in diff.removed:  # parents first
             ino = self._ino.get((path, kind))
@@ -368,7 +434,13 @@ async def serve(
     states = dict(initial_states or {})
     states.update(load_states(paths.state))
     live = LiveTree(rebuild, states)
-    ops = _Operations(live, dev_map)
+    if not FAST_MODE_AVAILABLE:
+        log.warning(
+            "pyfuse3 %s lacks hw-sandbox's patch: serving without the no-open fast mode "
+            "(every open is a round trip); run scripts/build-pyfuse3 to build it",
+            pyfuse3.__version__,
+        )
+    ops = _Operations(live, dev_map, fast=FAST_MODE_AVAILABLE)
     server = ControlServer(
         live,
         on_diff=ops.invalidate,
