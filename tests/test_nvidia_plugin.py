@@ -128,10 +128,9 @@ def test_nvidia_plugin_lists_the_profiles_gpus_and_allocates(h100_node: PluginNo
     assert {c for c, _, _ in alloc.devices} - set(per_gpu) == {
         "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}  # fmt: skip
     assert all(c == h and perm == "rw" for c, h, perm in alloc.devices)
-    # Every NVML call the plugin made on this path is implemented, except NVLink state
-    # (the sandbox has no NVLink; NOT_SUPPORTED is what NVML says for PCIe-only GPUs).
-    unimplemented = set(re.findall(r"unimplemented: (\w+)", h100_node.nvml_log.read_text()))
-    assert unimplemented <= {"nvmlDeviceGetNvLinkState"}, unimplemented
+    # Every NVML call the plugin made on this path is implemented (our NVML logs the others)
+    log = h100_node.nvml_log.read_text() if h100_node.nvml_log.exists() else ""
+    assert "unimplemented" not in log, log
 
 
 def test_nvidia_plugin_sees_faults_through_xid_events(h100_node: PluginNode) -> None:

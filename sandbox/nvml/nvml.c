@@ -1093,6 +1093,32 @@ API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(void *d1, void *d2, int *le
     LEAVE(R_SUCCESS);
 }
 
+/* No NVLink and no GPU fabric in the sandbox: what NVML says for PCIe GPUs. Explicit (not
+ * stubs) so NVIDIA's plugin (NVLink state, for its preferred allocation) and
+ * gpu-feature-discovery (fabric info, for IMEX labels) leave no "unimplemented" lines. */
+API nvmlReturn_t nvmlDeviceGetNvLinkState(void *device, unsigned int link, int *active) {
+    ENTER();
+    struct gpu *g;
+    nvmlReturn_t r = full_gpu(device, &g);
+    (void)link;
+    if (r)
+        LEAVE(r);
+    LEAVE(active ? R_NOT_SUPPORTED : R_INVALID_ARGUMENT);
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfo(void *device, void *info) {
+    ENTER();
+    struct gpu *g;
+    nvmlReturn_t r = full_gpu(device, &g);
+    if (r)
+        LEAVE(r);
+    LEAVE(info ? R_NOT_SUPPORTED : R_INVALID_ARGUMENT);
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(void *device, void *info) {
+    return nvmlDeviceGetGpuFabricInfo(device, info);
+}
+
 /* ---- memory, compute ------------------------------------------------------------------ */
 
 API nvmlReturn_t nvmlDeviceGetMemoryInfo(void *device, memory_t *mem) {
