@@ -184,6 +184,8 @@ def test_nvidia_plugin_mixed_mig_strategy_advertises_each_profile(mig_node: Plug
     # the parent GPU's node and the instance's two nvidia-caps access nodes
     nodes = sorted(c for c, _, _ in alloc.devices)
     assert sum(1 for c in nodes if c.startswith("/dev/nvidia-caps/nvidia-cap")) == 2, nodes
+    log = mig_node.nvml_log.read_text() if mig_node.nvml_log.exists() else ""
+    assert "unimplemented" not in log, log
 
 
 @pytest.fixture
