@@ -124,38 +124,50 @@ def spawn(name: str, argv: Sequence[str], log: Path, *,
     return Proc(name, pid, started, log, offset)
 
 
-def ready_line(proc: Proc) -> bytes | None:
-    """The ``ready`` line ``proc`` has written to its log since it was spawned, if any."""
+def find_line(proc: Proc, prefix: bytes = READY) -> bytes | None:
+    """The first whole line starting with ``prefix`` that ``proc`` wrote to its log after
+    ``proc.log_offset``, if any."""
     try:
         with proc.log.open("rb") as fh:
             fh.seek(proc.log_offset)
             for line in fh:
-                if line.startswith(READY) and line.endswith(b"\n"):
+                if line.startswith(prefix) and line.endswith(b"\n"):
                     return line.rstrip(b"\n")
     except OSError:
         return None
     return None
 
 
-def wait_ready(proc: Proc, timeout: float = 20.0) -> bytes:
-    """Until ``proc`` prints its ``ready`` line; returns the line. SpawnError (with the
-    log's tail) when it exits first or says nothing within ``timeout`` (it is then
-    stopped: a server that is not ready is of no use to anyone)."""
+def wait_line(proc: Proc, prefix: bytes, timeout: float) -> bytes:
+    """Until ``proc`` writes a line starting with ``prefix``; returns it. SpawnError (with
+    the log's tail) when it exits first or says nothing within ``timeout``."""
     deadline = time.monotonic() + timeout
+    what = prefix.decode(errors="replace")
     while True:
-        line = ready_line(proc)
+        line = find_line(proc, prefix)
         if line is not None:
             return line
         if not proc.running():
-            line = ready_line(proc)  # it may have said ready and exited since
+            line = find_line(proc, prefix)  # it may have written it and exited since
             if line is not None:
                 return line
-            raise SpawnError(f"{proc.name} exited before it was ready: {log_tail(proc.log)}")
+            raise SpawnError(f"{proc.name} exited before it said {what!r}: "
+                             f"{log_tail(proc.log)}")
         if time.monotonic() > deadline:
-            stop([proc], timeout=2.0)
-            raise SpawnError(f"{proc.name} not ready after {timeout:.0f}s: "
+            raise SpawnError(f"{proc.name} did not say {what!r} within {timeout:.0f}s: "
                              f"{log_tail(proc.log)}")
         time.sleep(0.01)
+
+
+def wait_ready(proc: Proc, timeout: float = 20.0) -> bytes:
+    """Until ``proc`` prints its ``ready`` line; returns the line. SpawnError when it exits
+    first or is not ready within ``timeout`` (it is then stopped: a server that is not
+    ready is of no use to anyone)."""
+    try:
+        return wait_line(proc, READY, timeout)
+    except SpawnError:
+        stop([proc], timeout=2.0)
+        raise
 
 
 def wait_until(proc: Proc, what: str, check: Any, timeout: float,

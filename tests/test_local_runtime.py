@@ -111,6 +111,10 @@ def test_up_status_fault_down(state_root: Path) -> None:
 
     restart = sandbox(state_root, "fault", "restart-kubelet", "gpu-worker")
     assert restart.returncode == 0, restart.stderr
+    assert "gpu-worker: kubelet restarted" in restart.stdout
+    # the plugin noticed the new kubelet.sock and registered again; the CLI waited for it
+    assert "1 plugin registration(s) back after" in restart.stdout, restart.stdout
+    assert "nvidia.com/gpu" in restart.stdout
     _wait_for(state_root, capacity=7, allocatable=6)
 
     record = json.loads((state_root / "8gpu-2numa" / "sandbox.json").read_text())

@@ -14,6 +14,7 @@ from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlClient
 from sandbox.fakehw.scenario import Action, count_changes, load_scenario, run_scenario
 from sandbox.fakehw.tree import Reason
+from sandbox.runtimes.base import Runtime
 from sandbox.session import find_session
 from sandbox.textui import table
 
@@ -60,8 +61,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("scenario", type=Path)
     r.add_argument("--node", help="node to run it on (default: the first)")
     r.add_argument("--speed", type=float, default=1.0, help="time multiplier (2 = twice as fast)")
-    k = verbs.add_parser("restart-kubelet", help="restart the node's kubelet")
+    k = verbs.add_parser("restart-kubelet", help="restart the node's kubelet, then wait until "
+                         "the plugins registered before have registered again")
     k.add_argument("node")
+    k.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="how long to wait for the plugins to register again (default 30; "
+                   "exit 1 if they have not)")
     p.set_defaults(func=run)
 
 
@@ -82,9 +87,8 @@ def run(args: argparse.Namespace) -> int:
         from sandbox.runtimes import runtime_for
 
         session = find_session(args.name)
-        runtime_for(session.runtime).restart_kubelet(session.state_dir, args.node)
-        print(f"{args.node}: kubelet restarted")
-        return 0
+        return _restart_kubelet(runtime_for(session.runtime), session.state_dir, args.node,
+                                args.timeout)
     if action == "list":
         return _list(args)
     node = getattr(args, "node", None)
@@ -164,3 +168,26 @@ def _list(args: argparse.Namespace) -> int:
     else:
         print(table(("NODE", "DEVICE", "KIND", "PCI ADDRESS", "NUMA", "HEALTH", "REASON"), rows))
     return 0
+
+
+def _restart_kubelet(runtime: Runtime, state_dir: Path, node: str, timeout: float) -> int:
+    """Restart, then report whether (and when) every plugin registered before has
+    registered with the new kubelet again."""
+    before = runtime.registered_plugins(state_dir, node)
+    started = time.monotonic()
+    runtime.restart_kubelet(state_dir, node)
+    print(f"{node}: kubelet restarted", flush=True)
+    if not before:
+        print(f"{node}: no plugins were registered before the restart")
+        return 0
+    missing = set(before)
+    while time.monotonic() - started < timeout:
+        missing = set(before) - runtime.registered_plugins(state_dir, node)
+        if not missing:
+            print(f"{node}: {len(before)} plugin registration(s) back after "
+                  f"{time.monotonic() - started:.1f}s: {', '.join(sorted(before))}")
+            return 0
+        time.sleep(0.2)
+    print(f"error: {node}: not registered again after {timeout:.0f}s: "
+          f"{', '.join(sorted(missing))}", file=sys.stderr)
+    return 1

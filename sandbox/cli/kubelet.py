@@ -128,13 +128,16 @@ def _serve(args: argparse.Namespace) -> int:
         last: Snapshot | None = None
         print("ready", flush=True)
         while not stop.is_set():
-            if restarts:
+            restarted = bool(restarts)
+            if restarted:
                 restarts.clear()
                 dm.restart()
             snap = dm.snapshot()
             if args.status_file is not None and snap != last:
                 write_status(args.status_file, snap, numa)
             last = snap
+            if restarted:  # after the status file says so: callers wait for this line
+                print("restarted", flush=True)
             stop.wait(0.1)
     finally:
         dm.stop()

@@ -32,6 +32,8 @@ class ResourceCounts:
     capacity: int
     allocatable: int
     by_numa: dict[int, int] = field(default_factory=dict)  # healthy devices per NUMA node
+    connected: bool = True  # a plugin serves it now (false from a kubelet restart until the
+    # plugin has registered again)
 
 
 def status_data(snap: Snapshot, numa_nodes: list[int] | None = None) -> dict[str, Any]:
@@ -70,6 +72,7 @@ def read_status(path: Path) -> list[ResourceCounts]:
             ResourceCounts(
                 name, int(res.get("capacity", 0)), int(res.get("allocatable", 0)),
                 {int(k): int(v) for k, v in res.get("by_numa", {}).items() if k != "null"},
+                bool(res.get("connected", True)),
             )
             for name, res in sorted(resources.items())
         ]

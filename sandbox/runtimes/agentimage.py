@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import RuntimeBackendError
-from sandbox.runtimes.kindimage import cache_root, files_layer, tar_add
+from sandbox.runtimes.imagefiles import cache_root, files_layer, tar_add
 
 Progress = Callable[[str], None]
 
@@ -197,7 +197,7 @@ class AgentImage:
 
 def offline_layers(progress: Progress) -> list[Path | bytes] | None:
     """Layers 1 and 2 when the agent rootfs is cached (else None: use the registry way)."""
-    from sandbox.runtimes.kindimage import AGENT_PACKAGES, cached_rootfs
+    from sandbox.runtimes.imagefiles import AGENT_PACKAGES, cached_rootfs
 
     rootfs = cached_rootfs("agent", AGENT_PACKAGES)
     if rootfs is None:

@@ -111,6 +111,11 @@ class Runtime(Protocol):
 
     def restart_kubelet(self, state_dir: Path, node: str) -> None: ...
 
+    def registered_plugins(self, state_dir: Path, node: str) -> frozenset[str]:
+        """What is registered with the node's kubelet now (device plugins' resources or
+        sockets, DRA drivers' registration sockets): compared before and after a kubelet
+        restart to tell when the plugins have registered again."""
+
 
 def device_statuses(devices: dict[str, dict[str, Any]]) -> list[DeviceStatus]:
     """What a node's control socket says of its devices (``ControlClient.devices``), as

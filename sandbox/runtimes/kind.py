@@ -51,6 +51,7 @@ from sandbox.runtimes.base import (
     remove_state_dir,
     write_record,
 )
+from sandbox.runtimes.imagefiles import cache_root
 from sandbox.runtimes.kindapi import (
     AGENT_NAMESPACE,
     agent_manifests,
@@ -61,7 +62,7 @@ from sandbox.runtimes.kindapi import (
     scale_coredns_to_zero,
 )
 from sandbox.runtimes.kindconfig import NODE_LABEL, HostFacts, kind_config_text
-from sandbox.runtimes.kindimage import KIND_VERSION, NODE_IMAGE, SHAPE_LABEL, cache_root
+from sandbox.runtimes.kindimage import KIND_VERSION, NODE_IMAGE, SHAPE_LABEL
 
 AGENT_TIMEOUT = 180.0
 PLUGIN_TIMEOUT = 120.0
@@ -398,6 +399,18 @@ class KindRuntime:
         if result.exit_code != 0:
             raise ControlError(f"restart-kubelet {node}: systemctl exited {result.exit_code}: "
                                f"{result.output.decode(errors='replace').strip()}")
+
+    def registered_plugins(self, state_dir: Path, node: str) -> frozenset[str]:
+        """As the native runtime's: the plugin sockets in the node's kubelet root."""
+        target = self._kind_node_for(state_dir, node)
+        script = ("cd /var/lib/kubelet && for f in device-plugins/* plugins_registry/*; do "
+                  "[ -S \"$f\" ] && [ \"$f\" != device-plugins/kubelet.sock ] && echo \"$f\"; "
+                  "done; true")
+        try:
+            result = _docker().containers.get(target).exec_run(["sh", "-c", script])
+        except Exception as exc:  # noqa: BLE001 - docker raises many types
+            raise ControlError(f"{node}: cannot list the kubelet's plugin sockets: {exc}") from exc
+        return frozenset(result.output.decode(errors="replace").split())
 
     def _kind_node_for(self, state_dir: Path, node: str) -> str:
         record = read_record(state_dir) or {}

@@ -21,9 +21,9 @@ kube-proxy runs (our binary on the agent's Debian rootfs, for iptables), so Serv
 work within a node and pods reach the API server; there is no cluster DNS, and pods on
 different nodes do not reach each other.
 
-Run as a script (``python3 sandbox/runtimes/kindimage.py rootfs``) only the rootfs step
-runs, with nothing but the standard library, so it can start before anything is
-installed; ``python -m sandbox.runtimes.kindimage node`` builds the images.
+The rootfs tarballs and the image-file helpers are ``imagefiles.py`` (standard library
+only: ``python3 sandbox/runtimes/imagefiles.py rootfs`` runs before anything is
+installed); ``python -m sandbox.runtimes.kindimage node`` builds the images.
 """
 
 from __future__ import annotations
@@ -39,31 +39,32 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+
+from sandbox.runtimes import imagefiles
+from sandbox.runtimes.imagefiles import (
+    AGENT_PACKAGES,
+    NODE_PACKAGES,
+    SUITE,
+    BuildError,
+    Progress,
+    build_rootfs,
+    cache_root,
+    docker_load,
+    files_layer,
+    image_label,
+    run_tool,
+    say,
+)
 
 KIND_VERSION = "v0.32.0"
 K8S_VERSION = "1.37.2"
-SUITE = "bookworm"
-MIRROR = os.environ.get("HWSANDBOX_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 
 NODE_IMAGE = f"hw-sandbox/kind-node:v{K8S_VERSION}"
 AGENT_BASE_IMAGE = f"hw-sandbox/agent-base:{SUITE}"
 SHAPE_LABEL = "dev.hwsandbox.kind.shape"
 KEY_LABEL = "dev.hwsandbox.build-key"
 AGENT_BASE_LABEL = "dev.hwsandbox.agent-base"  # "ready": Debian's Python 3.11 and FUSE
-
-# kind's images/base package list (minus storage-test and NFS/iSCSI packages), plus what
-# kind builds from source there, taken from Debian instead.
-NODE_PACKAGES = [
-    "systemd", "conntrack", "iptables", "nftables", "iproute2", "ethtool", "util-linux",
-    "mount", "kmod", "libseccomp2", "pigz", "bash", "ca-certificates", "curl", "jq",
-    "procps", "containerd", "runc", "containernetworking-plugins",
-]
-# The sandbox agent and our plugins: Debian's Python 3.11 (the wheels are cp311) and FUSE;
-# iptables and conntrack for kube-proxy, whose image shares this rootfs layer.
-AGENT_PACKAGES = ["python3", "libfuse3-3", "fuse3", "iptables", "conntrack"]
 
 # Static pod networking for the minimal shape (a CNI config named "kindnet" as kind's
 # own, so containerd and kind's tooling treat it as the cluster network). Each node
@@ -91,137 +92,6 @@ provisioner: rancher.io/local-path
 volumeBindingMode: WaitForFirstConsumer
 """
 
-Progress = Callable[[str], None]
-
-
-def cache_root() -> Path:
-    base = os.environ.get("HWSANDBOX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hw-sandbox")
-    return Path(base)
-
-
-class BuildError(Exception):
-    """A step of an image build failed; the message names the step and what to do."""
-
-
-def _say(message: str) -> None:
-    print(f"[kind-image {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _run(argv: list[str], step: str, *, stdin: Any = None, input_bytes: bytes | None = None,
-         capture: bool = True) -> str:
-    try:
-        proc = subprocess.run(argv, stdin=stdin, input=input_bytes, check=False,
-                              stdout=subprocess.PIPE if capture else None,
-                              stderr=subprocess.PIPE)
-    except FileNotFoundError as exc:
-        raise BuildError(f"{step}: {argv[0]} not found") from exc
-    if proc.returncode != 0:
-        tail = " | ".join(proc.stderr.decode(errors="replace").strip().splitlines()[-6:])
-        raise BuildError(f"{step}: `{' '.join(argv[:4])} ...` exited {proc.returncode}: {tail}")
-    return proc.stdout.decode(errors="replace") if capture else ""
-
-
-# --- rootfs ---------------------------------------------------------------------------------
-
-def rootfs_key(packages: Iterable[str]) -> str:
-    text = json.dumps([SUITE, MIRROR, sorted(packages)])
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _rootfs_path(name: str, packages: list[str]) -> Path:
-    return cache_root() / "kind" / f"rootfs-{name}-{SUITE}-{rootfs_key(packages)}.tar"
-
-
-def cached_rootfs(name: str, packages: list[str]) -> Path | None:
-    """The rootfs tarball if it was built before, else None (nothing is built)."""
-    out = _rootfs_path(name, packages)
-    return out if out.is_file() else None
-
-
-def build_rootfs(name: str, packages: list[str], progress: Progress = _say) -> Path:
-    """A Debian ``SUITE`` minbase rootfs with ``packages``, as a tar in the cache."""
-    out = _rootfs_path(name, packages)
-    if out.is_file():
-        return out
-    if shutil.which("mmdebstrap") is None:
-        raise BuildError("rootfs: mmdebstrap not found (Debian: apt-get install mmdebstrap)")
-    if os.geteuid() != 0:
-        raise BuildError("rootfs: mmdebstrap runs as root here (run the build as root)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
-    progress(f"rootfs {name}: mmdebstrap {SUITE} + {len(packages)} packages (a few minutes)")
-    started = time.monotonic()
-    argv = ["mmdebstrap", "--quiet", "--mode=root", "--variant=minbase", "--format=tar",
-            "--include=" + ",".join(packages),
-            "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
-            "--dpkgopt=path-exclude=/usr/share/locale/*",
-            "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-            "--aptopt=APT::Install-Recommends false",
-            # policy-rc.d: no service starts while packages are installed
-            "--customize-hook=rm -f \"$1/usr/sbin/policy-rc.d\"",
-            SUITE, str(tmp), f"deb {MIRROR} {SUITE} main"]
-    try:
-        _run(argv, f"rootfs {name}", capture=False)
-        tmp.replace(out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    progress(f"rootfs {name}: {out.stat().st_size >> 20} MiB in "
-             f"{time.monotonic() - started:.0f}s -> {out}")
-    return out
-
-
-# --- docker-archive images (docker load): full control of the image config --------------------
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def docker_load(ref: str, layers: list[Path | bytes], config: dict[str, Any]) -> None:
-    """``docker load`` an image made of uncompressed layer tars and an image config."""
-    diff_ids = [hashlib.sha256(layer).hexdigest() if isinstance(layer, bytes)
-                else _sha256_file(layer) for layer in layers]
-    image_config = {
-        "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z",
-        "config": config,
-        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{d}" for d in diff_ids]},
-        "history": [{"created": "1970-01-01T00:00:00Z", "created_by": "hw-sandbox"}
-                    for _ in layers],
-    }
-    config_bytes = json.dumps(image_config, sort_keys=True).encode()
-    config_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
-    manifest = [{"Config": config_name, "RepoTags": [ref],
-                 "Layers": [f"{d}/layer.tar" for d in diff_ids]}]
-    with tempfile.TemporaryFile() as errors, subprocess.Popen(
-            ["docker", "load", "--quiet"], stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL, stderr=errors) as proc:
-        assert proc.stdin is not None
-        try:
-            with tarfile.open(fileobj=proc.stdin, mode="w|") as tar:
-                tar_add(tar, config_name, config_bytes)
-                for digest, layer in zip(diff_ids, layers, strict=True):
-                    tar_add(tar, f"{digest}/layer.tar", layer)
-                tar_add(tar, "manifest.json", json.dumps(manifest).encode())
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-        if proc.wait() != 0:
-            errors.seek(0)
-            raise BuildError(f"docker load {ref}: {errors.read().decode(errors='replace')}")
-
-
-def image_label(ref: str, label: str) -> str | None:
-    """A label of a local image; None when the image is absent."""
-    proc = subprocess.run(["docker", "image", "inspect", ref, "--format",
-                           f'{{{{index .Config.Labels "{label}"}}}}'],
-                          capture_output=True, text=True, check=False)
-    return proc.stdout.strip() if proc.returncode == 0 else None
-
-
 # --- kind's base files ------------------------------------------------------------------------
 
 def kind_module_dir() -> Path:
@@ -230,8 +100,8 @@ def kind_module_dir() -> Path:
     if go is None:
         raise BuildError("kind base files: the Go toolchain is needed to fetch "
                          f"sigs.k8s.io/kind@{KIND_VERSION} (https://go.dev/doc/install)")
-    out = _run([go, "mod", "download", "-json", f"sigs.k8s.io/kind@{KIND_VERSION}"],
-               "kind base files")
+    out = run_tool([go, "mod", "download", "-json", f"sigs.k8s.io/kind@{KIND_VERSION}"],
+                   "kind base files")
     directory = Path(json.loads(out)["Dir"])
     if not (directory / "images" / "base" / "files").is_dir():
         raise BuildError(f"kind base files: {directory}/images/base/files is missing")
@@ -270,8 +140,8 @@ def component_images(bin_dir: Path, work: Path, progress: Progress) -> list[Path
     """OCI archives of every image kubeadm needs that the minimal shape runs."""
     from sandbox.runtimes._images import Layer, pause_image, write_image
 
-    listed = _run([str(bin_dir / "kubeadm"), "config", "images", "list",
-                   "--kubernetes-version", f"v{K8S_VERSION}"], "images").split()
+    listed = run_tool([str(bin_dir / "kubeadm"), "config", "images", "list",
+                       "--kubernetes-version", f"v{K8S_VERSION}"], "images").split()
     archives: list[Path] = []
     passwd = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
     for ref in listed:
@@ -328,61 +198,15 @@ ln -sf /usr/lib/systemd/systemd /sbin/init
 systemctl enable kubelet.service containerd.service undo-mount-hacks.service >/dev/null 2>&1
 systemctl mask systemd-binfmt.service >/dev/null 2>&1
 mkdir -p /etc/kubernetes/manifests /kind/manifests /etc/cni/net.d
-# containerd for the image imports that follow (piped in with docker exec -i)
-setsid containerd >/tmp/containerd.log 2>&1 < /dev/null &
+# containerd for the image imports that follow (piped in with docker exec -i); in the
+# background of this `docker exec`, which returns once this script has
+containerd >/tmp/containerd.log 2>&1 < /dev/null &
 for i in $(seq 100); do [ -S /run/containerd/containerd.sock ] && break; sleep 0.1; done
 ctr version >/dev/null
 """
 
 
-def tar_add(tar: tarfile.TarFile, name: str, data: bytes | Path) -> None:
-    """One regular file in ``tar``, streamed from ``data`` (bytes, or a file here)."""
-    info = tarfile.TarInfo(name)
-    if isinstance(data, bytes):
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    else:
-        info.size = data.stat().st_size
-        with data.open("rb") as f:
-            tar.addfile(info, f)
-
-
-def files_layer(files: dict[str, bytes | Path], executables: set[str] | None = None) -> bytes:
-    """A deterministic layer tar (parents included, mtime 0, owned by root) of ``files``:
-    path in the image -> bytes or a file here. A file here that is a symlink stays one.
-    Mode 0755 for paths in ``executables`` (None: a file here keeps its own x bit)."""
-    buf = io.BytesIO()
-    dirs: set[str] = set()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name in sorted(files, key=lambda n: n.strip("/")):
-            parts = name.strip("/").split("/")
-            for i in range(1, len(parts)):
-                d = "/".join(parts[:i])
-                if d not in dirs:
-                    dirs.add(d)
-                    info = tarfile.TarInfo(d)
-                    info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, 0
-                    tar.addfile(info)
-            content = files[name]
-            info = tarfile.TarInfo(name.strip("/"))
-            info.mtime = 0
-            if isinstance(content, Path) and content.is_symlink():
-                info.type, info.linkname, info.mode = (tarfile.SYMTYPE, os.readlink(content),
-                                                       0o777)
-                tar.addfile(info)
-                continue
-            if executables is None:
-                executable = isinstance(content, Path) and os.access(content, os.X_OK)
-            else:
-                executable = name in executables
-            info.mode = 0o755 if executable else 0o644
-            data = content.read_bytes() if isinstance(content, Path) else content
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def build_node_image(progress: Progress = _say, *, force: bool = False) -> str:
+def build_node_image(progress: Progress = say, *, force: bool = False) -> str:
     """The kind node image ``NODE_IMAGE`` (built once per key); returns its ref."""
     bin_dir = _k8s_bin_dir()
     needed = ["kubeadm", "kubelet", "kubectl", "kube-apiserver", "kube-controller-manager",
@@ -405,7 +229,7 @@ def build_node_image(progress: Progress = _say, *, force: bool = False) -> str:
     agent_layers: list[Path | bytes] = [build_rootfs("agent", AGENT_PACKAGES, progress),
                                         deps_layer(progress)]
     preloaded = layer_digests(agent_layers)
-    here = Path(__file__).read_bytes()
+    here = Path(__file__).read_bytes() + Path(imagefiles.__file__).read_bytes()
     key = hashlib.sha256(b"\0".join([
         rootfs.name.encode(), KIND_VERSION.encode(), K8S_VERSION.encode(), here,
         *(d.encode() for d in preloaded),
@@ -446,29 +270,30 @@ def build_node_image(progress: Progress = _say, *, force: bool = False) -> str:
         name = f"hwsb-node-build-{os.getpid()}"
         old = ""
         try:
-            _run(["docker", "run", "-d", "--name", name, "--privileged", "--entrypoint", "sleep",
-                  base, "infinity"], "node image build container")
-            _run(["docker", "exec", name, "bash", "/kind/hwsb-setup.sh"], "node image setup")
+            run_tool(["docker", "run", "-d", "--name", name, "--privileged", "--entrypoint",
+                      "sleep", base, "infinity"], "node image build container")
+            run_tool(["docker", "exec", name, "bash", "/kind/hwsb-setup.sh"], "node image setup")
             # piped in, as kind's importer does: archives never land in an image layer
             for archive in archives:
                 with archive.open("rb") as f:
-                    _run(["docker", "exec", "-i", name, "ctr", "--namespace=k8s.io", "images",
-                          "import", "--label=io.cri-containerd.pinned=pinned", "--all-platforms",
-                          "--no-unpack", "--digests", "-"], f"node image: import {archive.name}",
-                         stdin=f)
-            images = _run(["docker", "exec", name, "ctr", "--namespace=k8s.io", "images", "list",
-                           "-q"], "node image setup")
+                    run_tool(["docker", "exec", "-i", name, "ctr", "--namespace=k8s.io",
+                              "images", "import", "--label=io.cri-containerd.pinned=pinned",
+                              "--all-platforms", "--no-unpack", "--digests", "-"],
+                             f"node image: import {archive.name}", stdin=f)
+            images = run_tool(["docker", "exec", name, "ctr", "--namespace=k8s.io", "images",
+                               "list", "-q"], "node image setup")
             # (no init reaps containerd in the build container: wait until gone or a zombie)
-            _run(["docker", "exec", name, "bash", "-c", "pkill -x containerd; "
-                  "while ps -o stat= -C containerd | grep -qv Z; do sleep 0.1; done; "
-                  "rm -rf /tmp/containerd.log /var/lib/containerd/io.containerd.runtime.v2.task"],
-                 "node image setup")
-            _run(["docker", "exec", name, "rm", "-f", "/kind/hwsb-setup.sh"], "node image setup")
+            run_tool(["docker", "exec", name, "bash", "-c", "pkill -x containerd; "
+                      "while ps -o stat= -C containerd | grep -qv Z; do sleep 0.1; done; "
+                      "rm -rf /tmp/containerd.log "
+                      "/var/lib/containerd/io.containerd.runtime.v2.task"], "node image setup")
+            run_tool(["docker", "exec", name, "rm", "-f", "/kind/hwsb-setup.sh"],
+                     "node image setup")
             old = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", NODE_IMAGE],
                                  capture_output=True, text=True, check=False).stdout.strip()
-            _run(["docker", "commit", "--change",
-                  'ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]', "--change", "CMD []",
-                  name, NODE_IMAGE], "node image commit")
+            entrypoint = 'ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]'
+            run_tool(["docker", "commit", "--change", entrypoint, "--change", "CMD []",
+                      name, NODE_IMAGE], "node image commit")
         finally:
             subprocess.run(["docker", "rm", "-f", "-v", name], capture_output=True, check=False)
             subprocess.run(["docker", "rmi", base], capture_output=True, check=False)
@@ -480,7 +305,7 @@ def build_node_image(progress: Progress = _say, *, force: bool = False) -> str:
     return NODE_IMAGE
 
 
-def build_agent_base(progress: Progress = _say) -> str:
+def build_agent_base(progress: Progress = say) -> str:
     """The sandbox agent's base ``AGENT_BASE_IMAGE``: Debian, Python 3.11 and FUSE."""
     rootfs = build_rootfs("agent", AGENT_PACKAGES, progress)
     key = f"{rootfs.name}+ready"
@@ -502,12 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.what == "rootfs":
-            # the two mmdebstrap runs are mostly downloads and dpkg: run them side by side
-            with __import__("concurrent.futures").futures.ThreadPoolExecutor(2) as pool:
-                jobs = [pool.submit(build_rootfs, "node", NODE_PACKAGES),
-                        pool.submit(build_rootfs, "agent", AGENT_PACKAGES)]
-                for job in jobs:
-                    job.result()
+            return imagefiles.main(["rootfs"])
         if args.what in ("node", "all"):
             print(build_node_image(force=args.force))
         if args.what in ("agent-base", "all"):
@@ -519,7 +339,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if __package__ in (None, ""):
-        # run as a file: only the stdlib-only steps are reachable without the package
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     sys.exit(main())

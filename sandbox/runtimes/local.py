@@ -15,6 +15,8 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from sandbox.runtimes.base import (
     remove_state_dir,
     write_record,
 )
+from sandbox.runtimes.steps import Step, run_steps, undo_steps
 from sandbox.supervisor import Proc, log_tail
 
 READY_TIMEOUT = 20.0
@@ -64,47 +67,8 @@ class LocalRuntime:
             "created": time.time(), "nodes": {},
         }
         write_record(state_dir, record)
-        # Start every node's harness first (no dependencies), then mount each tree,
-        # then the plugins: Python start-up dominates, so overlap it.
-        kubelets = {}
-        for node in cluster.nodes:
-            d = node_dir(state_dir, node.name)
-            kubelets[node.name] = self._start_kubelet(node, state_dir)
-            record["nodes"][node.name] = {
-                "root": str(d / "root"), "socket": str(d / "control.sock"),
-                "kubelet_dir": str(d / "kubelet"), "status_file": str(d / "kubelet-status.json"),
-                "procs": {"kubelet": kubelets[node.name].to_json()},
-            }
-            write_record(state_dir, record)
-        starting = {}
-        for node in cluster.nodes:
-            d = node_dir(state_dir, node.name)
-            progress(f"{node.name}: mounting fake /sys, /dev, /proc at {d / 'root'}")
-            starting[node.name] = start_node(
-                profile_path, node.base_name, d / "root", index=node.index, state_dir=d,
-                log_file=d / "mount.log")
-            record["nodes"][node.name]["procs"]["mount"] = starting[node.name].to_json()
-        write_record(state_dir, record)
-        for node in cluster.nodes:
-            d = node_dir(state_dir, node.name)
-            procs: dict[str, Any] = record["nodes"][node.name]["procs"]
-            try:
-                wait_node(starting[node.name])
-            except SandboxError as exc:
-                raise RuntimeBackendError(f"mount {node.name}", str(exc)) from exc
-            try:
-                supervisor.wait_ready(kubelets[node.name], READY_TIMEOUT)
-            except SandboxError as exc:
-                raise RuntimeBackendError(f"kubelet harness {node.name}", str(exc)) from exc
-            progress(f"{node.name}: fake hardware and kubelet harness up; starting the "
-                     "reference device plugin")
-            procs["plugin"] = supervisor.spawn(
-                f"plugin {node.name}",
-                [sys.executable, "-m", PLUGIN_MODULE, "--root", str(d / "root"),
-                 "--kubelet-dir", str(d / "kubelet")], d / "plugin.log").to_json()
-            write_record(state_dir, record)
-        for node in cluster.nodes:
-            self._wait_advertised(node, state_dir, progress)
+        up = _Up(self, cluster, profile_path, state_dir, record, progress)
+        run_steps(_steps(state_dir, progress, up), progress)
 
     def _start_kubelet(self, node: NodeSpec, state_dir: Path) -> Proc:
         d = node_dir(state_dir, node.name)
@@ -141,18 +105,7 @@ class LocalRuntime:
             f" plugin log: {log_tail(d / 'plugin.log')}")
 
     def down(self, state_dir: Path, progress: Progress) -> None:
-        record = read_record(state_dir) or {}
-        problems: list[str] = []
-        nodes = record.get("nodes", {})
-        supervisor.stop([p for info in nodes.values() for p in _procs(info).values()],
-                        timeout=5.0)
-        for name, info in nodes.items():
-            root = Path(info.get("root", node_dir(state_dir, name) / "root"))
-            try:
-                unmount(root)
-            except SandboxError as exc:
-                problems.append(str(exc))
-            progress(f"{name}: stopped")
+        problems = undo_steps(_steps(state_dir, progress), progress)
         # Anything mounted below the state dir that the record missed (a crashed up).
         for root in sorted(state_dir.glob("nodes/*/root")):
             with contextlib.suppress(SandboxError):
@@ -195,15 +148,131 @@ class LocalRuntime:
         return out
 
     def restart_kubelet(self, state_dir: Path, node: str) -> None:
-        record = read_record(state_dir) or {}
-        info = record.get("nodes", {}).get(node)
-        if info is None:
-            raise SandboxError(f"no node {node!r} in sandbox {state_dir.name!r}")
-        kubelet = _procs(info).get("kubelet")
+        """SIGHUP the harness (it restarts as a kubelet does) and wait until it has."""
+        kubelet = _procs(_node_info(state_dir, node)).get("kubelet")
+        if kubelet is not None:
+            kubelet = replace(kubelet, log_offset=kubelet.log.stat().st_size
+                              if kubelet.log.exists() else 0)
         if kubelet is None or not kubelet.signal(signal.SIGHUP):
             pid = kubelet.pid if kubelet else "?"
             raise SandboxError(f"{node}: the kubelet harness (pid {pid}) is not running; "
                                "`sandbox down` and `sandbox up` again")
+        try:
+            supervisor.wait_line(kubelet, b"restarted", READY_TIMEOUT)
+        except SandboxError as exc:
+            raise SandboxError(f"{node}: the kubelet harness did not restart: {exc}") from exc
+
+    def registered_plugins(self, state_dir: Path, node: str) -> frozenset[str]:
+        return _registered(_node_info(state_dir, node))
+
+
+class _Up:
+    """One ``up``: the steps' ``do``s. Every node's harness starts first (no
+    dependencies), then each tree is mounted, then the plugins: Python start-up
+    dominates, so it overlaps across nodes."""
+
+    def __init__(self, runtime: LocalRuntime, cluster: Cluster, profile_path: str,
+                 state_dir: Path, record: dict[str, Any], progress: Progress) -> None:
+        self.runtime, self.cluster, self.profile_path = runtime, cluster, profile_path
+        self.state_dir, self.record, self.progress = state_dir, record, progress
+        self.kubelets: dict[str, Proc] = {}
+
+    def _procs(self, node: str) -> dict[str, Any]:
+        procs: dict[str, Any] = self.record["nodes"][node]["procs"]
+        return procs
+
+    def harnesses(self) -> None:
+        for node in self.cluster.nodes:
+            d = node_dir(self.state_dir, node.name)
+            self.kubelets[node.name] = self.runtime._start_kubelet(node, self.state_dir)
+            self.record["nodes"][node.name] = {
+                "root": str(d / "root"), "socket": str(d / "control.sock"),
+                "kubelet_dir": str(d / "kubelet"), "status_file": str(d / "kubelet-status.json"),
+                "procs": {"kubelet": self.kubelets[node.name].to_json()},
+            }
+            write_record(self.state_dir, self.record)
+
+    def mounts(self) -> None:
+        starting = {}
+        for node in self.cluster.nodes:
+            d = node_dir(self.state_dir, node.name)
+            self.progress(f"{node.name}: mounting fake /sys, /dev, /proc at {d / 'root'}")
+            starting[node.name] = start_node(
+                self.profile_path, node.base_name, d / "root", index=node.index, state_dir=d,
+                log_file=d / "mount.log")
+            self._procs(node.name)["mount"] = starting[node.name].to_json()
+        write_record(self.state_dir, self.record)
+        for node in self.cluster.nodes:
+            try:
+                wait_node(starting[node.name])
+            except SandboxError as exc:
+                raise RuntimeBackendError(f"mount {node.name}", str(exc)) from exc
+
+    def plugins(self) -> None:
+        for node in self.cluster.nodes:
+            d = node_dir(self.state_dir, node.name)
+            try:
+                supervisor.wait_ready(self.kubelets[node.name], READY_TIMEOUT)
+            except SandboxError as exc:
+                raise RuntimeBackendError(f"kubelet harness {node.name}", str(exc)) from exc
+            self.progress(f"{node.name}: fake hardware and kubelet harness up; starting the "
+                          "reference device plugin")
+            self._procs(node.name)["plugin"] = supervisor.spawn(
+                f"plugin {node.name}",
+                [sys.executable, "-m", PLUGIN_MODULE, "--root", str(d / "root"),
+                 "--kubelet-dir", str(d / "kubelet")], d / "plugin.log").to_json()
+            write_record(self.state_dir, self.record)
+
+    def advertised(self) -> None:
+        for node in self.cluster.nodes:
+            self.runtime._wait_advertised(node, self.state_dir, self.progress)
+
+
+def _steps(state_dir: Path, progress: Progress, up: _Up | None = None) -> list[Step]:
+    """``up``'s steps (with their ``do``s when given an ``_Up``); ``down`` undoes the same
+    list."""
+    steps = [Step(name, undo=_undo(state_dir, name, progress))
+             for name in ("kubelet harness", "mount", "plugin")] + [Step("advertised")]
+    if up is None:
+        return steps
+    dos = [up.harnesses, up.mounts, up.plugins, up.advertised]
+    return [replace(step, do=do) for step, do in zip(steps, dos, strict=True)]
+
+
+def _undo(state_dir: Path, what: str, progress: Progress) -> Callable[[], None]:
+    """Stop the recorded ``what`` processes of every node (kubelet harness, mount,
+    plugin); for ``mount`` also unmount the trees. Reads the record when it runs, so it
+    works in a later ``down`` as in a failed ``up``."""
+    key = {"kubelet harness": "kubelet"}.get(what, what)
+
+    def undo() -> None:
+        nodes = (read_record(state_dir) or {}).get("nodes", {})
+        supervisor.stop([p for info in nodes.values()
+                         if (p := _procs(info).get(key)) is not None], timeout=5.0)
+        if key != "mount":
+            return
+        problems = []
+        for name, info in nodes.items():
+            try:
+                unmount(Path(info.get("root", node_dir(state_dir, name) / "root")))
+            except SandboxError as exc:
+                problems.append(str(exc))
+            progress(f"{name}: stopped")
+        if problems:
+            raise SandboxError("; ".join(problems))
+
+    return undo
+
+
+def _node_info(state_dir: Path, node: str) -> dict[str, Any]:
+    info: dict[str, Any] | None = (read_record(state_dir) or {}).get("nodes", {}).get(node)
+    if info is None:
+        raise SandboxError(f"no node {node!r} in sandbox {state_dir.name!r}")
+    return info
+
+
+def _registered(info: dict[str, Any]) -> frozenset[str]:
+    return frozenset(r.name for r in read_status(Path(info["status_file"])) if r.connected)
 
 
 def _procs(info: dict[str, Any]) -> dict[str, Proc]:

@@ -1,11 +1,12 @@
 """Runtimes as ordered, named steps (the shape of kind's create actions).
 
-Each step has a ``do`` (part of ``up``) and an ``undo`` (part of ``down`` and of the
+Each step has a ``do`` (part of ``up``) and an ``undo`` (part of ``down``, and so of the
 clean-up after a failed ``up``). ``run_steps`` runs the ``do``s in order; when one fails
-it runs the ``undo``s of the steps already done, in reverse, and raises an error that
-names the failed step. ``undo_steps`` is ``down``: every ``undo`` in reverse, each one
-tolerant of a step that never ran (it finds nothing to stop), problems collected rather
-than stopping half-way.
+it raises an error that names the step, and the caller undoes what was done: ``sandbox
+up`` runs the runtime's ``down`` (unless ``--retain`` asks to keep it for debugging),
+which is ``undo_steps`` over the same list: every ``undo`` in reverse, each one tolerant
+of a step that never ran (it finds nothing to stop), problems collected rather than
+stopping half-way.
 """
 
 from __future__ import annotations
@@ -29,19 +30,17 @@ class Step:
 
 
 def run_steps(steps: Sequence[Step], progress: Progress) -> None:
-    """Every ``do`` in order. On failure: the ``undo``s of the done steps in reverse,
-    then RuntimeBackendError naming the step (the original error is its cause)."""
-    done: list[Step] = []
+    """Every ``do`` in order. A failure raises RuntimeBackendError naming the step (the
+    original error is its cause; one that names its own step passes unchanged)."""
     for step in steps:
         try:
             step.do()
-        except BaseException as exc:
-            progress(f"{step.name} failed; undoing {len(done)} step(s) done before it")
-            undo_steps(done, progress)
-            if isinstance(exc, RuntimeBackendError) or not isinstance(exc, Exception):
-                raise
+        except RuntimeBackendError:
+            raise
+        except SandboxError as exc:
             raise RuntimeBackendError(step.name, str(exc)) from exc
-        done.append(step)
+        except OSError as exc:
+            raise RuntimeBackendError(step.name, f"{type(exc).__name__}: {exc}") from exc
 
 
 def undo_steps(steps: Sequence[Step], progress: Progress) -> list[str]:

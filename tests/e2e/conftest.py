@@ -275,7 +275,11 @@ class Sandboxes:
         loaded = load_profile(profile)
         state_dir = self.factory.mktemp("native") / "state"
         start = time.monotonic()
-        runtime.up(loaded.cluster, str(profile), state_dir, lambda _m: None)
+        try:
+            runtime.up(loaded.cluster, str(profile), state_dir, lambda _m: None)
+        except BaseException:
+            runtime.down(state_dir, lambda _m: None)  # as `sandbox up` does on failure
+            raise
         up_seconds = time.monotonic() - start
         self._api_client = config.new_client_from_config(
             config_file=str(state_dir / "kubeconfig"))

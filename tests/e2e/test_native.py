@@ -204,7 +204,10 @@ def test_faults_through_the_cli_reach_the_node_status(native_cluster: NativeClus
 
         log_size = (native_cluster.layout.logs / "kubelet.log").stat().st_size
         out = native_cluster.sandbox_cli("fault", "restart-kubelet", node)
-        assert out.strip() == f"{node}: kubelet restarted"
+        lines = out.strip().splitlines()
+        assert lines[0] == f"{node}: kubelet restarted", out
+        # the CLI waited until the plugin's socket was back in device-plugins/
+        assert "1 plugin registration(s) back after" in lines[1], out
         wait_until("the plugin to register with the restarted kubelet",
                    lambda: _registrations_since(native_cluster, log_size) >= 1, 60)
         wait_until("7 healthy GPUs in the new kubelet's allocatable devices",

@@ -72,7 +72,8 @@ def kind_env() -> KindEnv:
     if not (bin_dir / "kubeadm").is_file() or not (bin_dir / "kubectl").is_file():
         pytest.fail(f"no kubeadm/kubectl in {bin_dir}: run scripts/build-k8s")
     kind = go_install("sigs.k8s.io/kind", KIND_VERSION, "kind")
-    from sandbox.runtimes.kindimage import BuildError, build_agent_base, build_node_image
+    from sandbox.runtimes.imagefiles import BuildError
+    from sandbox.runtimes.kindimage import build_agent_base, build_node_image
 
     try:
         image = build_node_image(print)
@@ -192,7 +193,7 @@ def up(kenv: KindEnv, profile: str, name: str, *extra: str) -> KindSandbox:
     took = time.monotonic() - start
     print(proc.stderr)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.startswith("runtime: kind "), proc.stderr
+    assert proc.stderr.startswith("runtime: kind; "), proc.stderr
     return KindSandbox(kenv, name, REPO / "profiles" / profile, took)
 
 

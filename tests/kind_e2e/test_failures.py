@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+from pathlib import Path
 
 import pytest
 
@@ -32,11 +33,16 @@ def test_no_docker(kind_env: KindEnv) -> None:
     assert "dockerd" in last, last
 
 
-def test_docker_without_kind(kind_env: KindEnv) -> None:
+def test_docker_without_kind(kind_env: KindEnv, tmp_path: Path) -> None:
     path = ":".join(p for p in kind_env.env["PATH"].split(":")
                     if not os.path.exists(os.path.join(p, "kind")))
+    # The test tooling built kind into the project cache: say where it is.
     last = _up_fails(kind_env, dict(kind_env.env, PATH=path))
-    assert "no kind binary" in last, last
+    assert "no kind on PATH" in last, last
+    assert "tools/kind-v0.32.0:$PATH" in last, last
+    # Nowhere to be found: say how to get it.
+    last = _up_fails(kind_env, dict(kind_env.env, PATH=path, HWSANDBOX_CACHE=str(tmp_path)))
+    assert "no kind on PATH" in last, last
     assert "go install sigs.k8s.io/kind@v0.32.0" in last, last
 
 

@@ -109,7 +109,9 @@ def test_restart_kubelet_plugin_reregisters(gpu: KindSandbox) -> None:
         return proc.stdout.count("registered with ") if proc.returncode == 0 else -1
 
     assert registrations() == 1
-    gpu.sandbox("fault", "--name", NAME, "restart-kubelet", "gpu-worker")
+    out = gpu.sandbox("fault", "--name", NAME, "restart-kubelet", "gpu-worker").stdout
+    assert "gpu-worker: kubelet restarted" in out, out
+    assert "plugin registration(s) back after" in out, out
     # the restarted kubelet recreates its socket; the plugin sees that and registers again
     took = gpu.wait_for("the device plugin registered again", lambda: registrations() == 2)
     print(f"restart-kubelet -> plugin re-registered: {took:.2f}s")

@@ -38,6 +38,7 @@ Modules: ``common`` (paths, constants, processes through ``sandbox.supervisor``)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -181,9 +182,8 @@ class NativeRuntime:
         try:
             run_steps(up_steps(up, self.reference_plugin, self.dra_driver), progress)
         except BaseException:
-            progress("up failed; cleaning up (logs are kept in a copy: see below)")
+            progress("up failed (its logs are kept in a copy: see below)")
             self._save_logs(layout, progress)
-            self.down(state_dir, lambda _m: None)
             raise
 
     def _save_logs(self, layout: Layout, progress: Progress) -> None:
@@ -217,6 +217,19 @@ class NativeRuntime:
         spawn(layout, "kubelet", argv)
         healthz = f"http://127.0.0.1:{record['ports']['kubelet-healthz']}/healthz"
         wait_for(layout, "kubelet", "healthy", lambda: http_ok(healthz), 120)
+
+    def registered_plugins(self, state_dir: Path, node: str) -> frozenset[str]:
+        """The sockets plugins have (re)made for the kubelet: on start the kubelet deletes
+        every socket in device-plugins/ but its own, and a plugin that registers again
+        makes its socket again; DRA drivers register through plugins_registry/."""
+        record = read_record(state_dir) or {}
+        root = Path(record.get("kubelet_root", str(kubelet_root())))
+        found = set()
+        for sub in ("device-plugins", "plugins_registry"):
+            with contextlib.suppress(OSError):
+                found |= {f"{sub}/{p.name}" for p in (root / sub).iterdir()
+                          if p.is_socket() and p.name != "kubelet.sock"}
+        return frozenset(found)
 
     # -- status -------------------------------------------------------------------------
     def status(self, state_dir: Path) -> SandboxStatus:
