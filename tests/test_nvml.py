@@ -24,6 +24,7 @@ import pytest
 
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
+from sandbox.nvml.build import SOURCE, stubs_source
 from sandbox.profile import load_profile
 from tests import nvml_ctypes as N
 from tests.nvidia import nvml_library
@@ -280,3 +281,30 @@ def test_ten_thousand_random_call_sequences_never_crash(tmp_path: Path) -> None:
     # the sequences reached the library's real answers, not only its refusals
     assert total.get("0", 0) > 1000, total
     assert {"0", "1", "2", "3"} <= set(total), total
+
+
+@pytest.mark.parametrize("sanitizer", ["address,undefined", "thread"])
+def test_threads_under_sanitizers(tmp_path: Path, sanitizer: str) -> None:
+    """tests/data/nvml_stress.c (8 threads of init/query/events/shutdown) linked with the
+    library's source, both built with -fsanitize: any memory error, undefined behaviour or
+    data race makes the run fail."""
+    nvml_library()  # FAILS with the install hint when gcc is missing
+    root = rendered("mig-partitions.yaml", tmp_path / "root")
+    stubs = tmp_path / "stubs.c"
+    stubs.write_text(stubs_source())
+    exe = tmp_path / "stress"
+    build = subprocess.run(
+        ["gcc", "-O1", "-g", "-pthread", f"-fsanitize={sanitizer}", "-fno-omit-frame-pointer",
+         "-o", str(exe), str(REPO / "tests/data/nvml_stress.c"), str(SOURCE), str(stubs)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr[-3000:]
+    env = {**os.environ, "HWSANDBOX_NVML_ROOT": str(root), "HWSANDBOX_NVML_REFRESH_MS": "0",
+           "ASAN_OPTIONS": "detect_leaks=0", "UBSAN_OPTIONS": "halt_on_error=1",
+           "TSAN_OPTIONS": "halt_on_error=1"}  # fmt: skip
+    rounds = "40" if sanitizer == "thread" else "300"  # ThreadSanitizer is ~20x slower
+    run = subprocess.run([str(exe), rounds], env=env, capture_output=True, text=True, timeout=600,
+                         check=False)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr[-5000:]
+    assert "failures 0" in run.stdout
+    assert "runtime error" not in run.stderr, run.stderr[-3000:]  # UBSan's report
