@@ -8,8 +8,11 @@ measured in the same run.
     init       nvmlInit + nvmlShutdown (scans the tree); same baseline
     fault      control-socket health flip -> nvmlEventSetWait returns the Xid; baseline:
                the control call alone (the flip's own round trip, tree rebuild included)
+    plugin     (--plugin) aer-fatal on one GPU -> NVIDIA's device plugin (v0.18.0, built by
+               scripts/build-plugins) reports it unhealthy to the kubelet harness, once per
+               GPU (it never marks one healthy again); same baseline
 
-Run: python benchmarks/bench_nvml.py [--rounds 2000] [--flips 10]
+Run: python benchmarks/bench_nvml.py [--rounds 2000] [--flips 10] [--plugin]
 """
 
 from __future__ import annotations
@@ -28,7 +31,50 @@ sys.path.insert(0, str(REPO))
 
 from sandbox.nvml import build  # noqa: E402
 from tests import nvml_ctypes as N  # noqa: E402
-from tests.thirdparty import live_node  # noqa: E402
+from tests.thirdparty import (  # noqa: E402
+    KUBELET_PLUGIN_DIR,
+    Bind,
+    LiveNode,
+    Tmpfs,
+    in_private_mounts,
+    live_node,
+    short_dir,
+)
+
+
+def plugin_latencies(live: LiveNode, lib_dir: Path) -> list[float]:
+    """Seconds from each GPU's aer-fatal to NVIDIA's plugin reporting it unhealthy."""
+    import subprocess
+
+    from sandbox.kubelet import DeviceManager
+
+    binary = subprocess.run([str(REPO / "scripts/build-plugins"), "nvidia-device-plugin"],
+                            capture_output=True, text=True, check=True).stdout.split()[-1]
+    out = []
+    with short_dir("bnv-") as base, DeviceManager(base / "dp") as dm:
+        argv = in_private_mounts(
+            [str(binary)],
+            [Tmpfs("/var/lib"), Bind(str(dm.directory), KUBELET_PLUGIN_DIR),
+             Bind(str(live.root / "sys"), "/sys"), Bind(str(live.root / "dev"), "/dev")],
+        )  # fmt: skip
+        env = {**os.environ, "LD_LIBRARY_PATH": str(lib_dir),
+               "HWSANDBOX_NVML_ROOT": str(live.root)}  # fmt: skip
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            dm.wait_for(lambda s: s.allocatable("nvidia.com/gpu") == 8, 30, "8 GPUs")
+            with live.client() as client:
+                for k in range(8):
+                    t0 = time.perf_counter()
+                    client.health(f"gpu{k}", "unhealthy", "aer-fatal")
+                    left = 7 - k
+                    dm.wait_for(lambda s: s.allocatable("nvidia.com/gpu") == left,  # noqa: B023
+                                30, "one more unhealthy")  # fmt: skip
+                    out.append(time.perf_counter() - t0)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    return out
 
 
 def per_call(fn: Callable[[], object], rounds: int) -> tuple[float, float]:
@@ -46,6 +92,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2000)
     ap.add_argument("--flips", type=int, default=10)
+    ap.add_argument("--plugin", action="store_true", help="also time NVIDIA's plugin")
     args = ap.parse_args()
     lib_path = build()
     nv = N.Nvml(lib_path)
@@ -115,6 +162,14 @@ def main() -> int:
         flip_med = statistics.median(flips)
         rows.append(("fault -> Xid event via nvmlEventSetWait", flip_med, max(flips),
                      f"{flip_med / call_med:.2f}"))  # fmt: skip
+        for k in range(8):  # healthy again before the plugin starts
+            with live.client() as client:
+                client.health(f"gpu{k}", "healthy")
+        if args.plugin:
+            lat = plugin_latencies(live, lib_path.parent)
+            med = statistics.median(lat)
+            rows.append(("fault -> NVIDIA plugin reports unhealthy", med, max(lat),
+                         f"{med / call_med:.2f}"))  # fmt: skip
 
     print(f"{'measurement':44} {'median':>10} {'p95/max':>10} {'ratio':>7}")
     for name, med, p95, ratio in rows:
