@@ -9,7 +9,9 @@ interned: thousands of ``0\\n`` files share one ``File`` object.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 
 from sandbox.fakehw.tree import (
     CharDevice,
@@ -29,6 +31,8 @@ from sandbox.profile.spec import DeviceSpec, NodeSpec
 
 RO, RW, WO = 0o444, 0o644, 0o200
 
+MEMOS = 4  # per node: the old and new states of a change, and some slack
+_memo_lock = threading.Lock()
 _INTERN_MAX_LEN = 32
 _INTERN_MAX_ENTRIES = 1 << 16
 _interned: dict[bytes, File] = {}
@@ -103,8 +107,17 @@ def fault(state: DeviceState, reason: Reason) -> bool:
 class Ctx:
     """One build: the tree being filled plus what the subsystems share about the node."""
 
-    def __init__(self, node: NodeSpec, states: Mapping[str, DeviceState] | None) -> None:
+    def __init__(
+        self,
+        node: NodeSpec,
+        states: Mapping[str, DeviceState] | None,
+        only: frozenset[str] | None = None,
+    ) -> None:
         self.node = node
+        # A partial build (``build.build_partial``) writes only what these devices' states
+        # decide: their own entries, and whole every entry several devices' states decide
+        # together. None: everything.
+        self.only = only
         self.tree = Tree()
         self._dirs: dict[str, Dir] = {"": self.tree.root}
         self.ncpus = len(node.cpus)
@@ -118,6 +131,28 @@ class Ctx:
             self.locality[n.id] = (kernel_mask(n.cpus, self.ncpus), format_cpulist(n.cpus))
         # PCI address -> its sysfs directory (filled by the PCI builder for present functions)
         self.pci_dirs: dict[str, str] = {}
+        # Values computed from this node and some states, shared by the node's builds
+        # (build.py hands every Ctx of one node the same small LRU).
+        self.memos: OrderedDict[Hashable, str] = OrderedDict()
+
+    def memo(self, key: Hashable, compute: Callable[[], str]) -> str:
+        """``compute()``, or what it returned for an equal ``key`` in a recent build."""
+        with _memo_lock:  # builds of one node may run in several threads
+            value = self.memos.get(key)
+            if value is not None:
+                self.memos.move_to_end(key)
+                return value
+        value = compute()
+        with _memo_lock:
+            self.memos[key] = value
+            while len(self.memos) > MEMOS:
+                self.memos.popitem(last=False)
+        return value
+
+    def emits(self, device: str | None) -> bool:
+        """Whether this build writes the entries owned by ``device`` (None: the node's own,
+        state-independent ones, which a partial build leaves out)."""
+        return self.only is None or (device is not None and device in self.only)
 
     # -- low level ----------------------------------------------------------------
     def dir(self, path: str) -> Dir:

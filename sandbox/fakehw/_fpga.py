@@ -28,7 +28,7 @@ def add_fpgas(ctx: Ctx, fpgas: list[DeviceSpec], pci: dict[str, str]) -> None:
         fpga = d.fpga
         assert fpga is not None
         fn = pci.get(d.address)
-        if fn is None:
+        if fn is None or not ctx.emits(d.id):
             continue
         r = fpga.region
         region = f"{fn}/fpga_region/region{r}"

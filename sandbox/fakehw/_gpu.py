@@ -11,6 +11,7 @@ import hashlib
 from sandbox.fakehw import _nvml
 from sandbox.fakehw._common import RW, Ctx
 from sandbox.fakehw._pci import PciPlan
+from sandbox.fakehw.tree import DeviceState
 from sandbox.profile import catalogue
 from sandbox.profile.spec import DeviceSpec
 
@@ -58,10 +59,16 @@ def add_nvidia(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str], plan: PciP
         ctx.chardev("nvidia-caps/nvidia-cap2", NVIDIA_CAPS_MAJOR, 2, None, mode=0o444)
         _mig_caps(ctx, [d for d in gpus if d.address in pci])
     # Sandbox-owned, for our NVML (docs/nvml.md): rebuilt with the tree on every change.
-    ctx.file(_nvml.STATE_PATH, _nvml.state_text(gpus, pci, ctx.states, NVIDIA_DRIVER_VERSION))
+    # Keyed by what it reads: a change's partial builds (old and new states) and the
+    # next change's reuse the text instead of formatting every GPU's line again.
+    usual = DeviceState()
+    key = ("nvml", tuple((g.id, g.address in pci, st) for g in gpus
+                         if (st := ctx.states[g.id]) != usual or g.address not in pci))
+    ctx.file(_nvml.STATE_PATH, ctx.memo(
+        key, lambda: _nvml.state_text(gpus, pci, ctx.states, NVIDIA_DRIVER_VERSION)))
     for dev in gpus:
         gpu = dev.gpu
-        if gpu is None or dev.address not in pci:
+        if gpu is None or dev.address not in pci or not ctx.emits(dev.id):
             continue
         ctx.chardev(f"nvidia{gpu.minor}", NVIDIA_MAJOR, gpu.minor, None)
         ctx.file(

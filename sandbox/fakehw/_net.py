@@ -122,7 +122,7 @@ def add_nics(
                 pf_ifindex + p,
             )
             vfs = plan.pf_vfs.get(f.address, [])
-            if f.address in pci:
+            if f.address in pci and ctx.emits(d.id):
                 _function(ctx, d, pci[f.address], pf, state, f.device_id)
                 pf_mac = int(pf.mac.replace(":", ""), 16)
                 guid = int(pf.guid.replace(":", ""), 16)

@@ -200,8 +200,12 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
     node = ctx.node
     out: dict[str, str] = {}
     groups: dict[int, list[str]] = {}
-    for hb in node.host_bridges:
-        ctx.file(f"sys/devices/{hb.name}/uevent", "")
+    only = ctx.only
+    partial = only is not None
+    if not partial:
+        for hb in node.host_bridges:
+            ctx.file(f"sys/devices/{hb.name}/uevent", "")
+    written: set[int] = set()  # IOMMU groups with a function written by this build
     for f in plan.functions:
         addr = f.address
         owner = f.owner
@@ -213,6 +217,10 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
             continue
         path = f.path
         out[addr] = path
+        groups.setdefault(f.iommu_group, []).append(addr)
+        if only is not None and (owner is None or owner not in only):
+            continue  # present, but another device's (or the node's own bridge)
+        written.add(f.iommu_group)
         ordinal = plan.ordinal[addr]
         bridge = f.class_code == BRIDGE_CLASS
         bar = 0x380000000000 + (ordinal << 24)
@@ -264,13 +272,12 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
             ctx.link(f"{path}/driver", f"{DRIVERS}/{f.driver}")
             ctx.link(f"{DRIVERS}/{f.driver}/{addr}", path)
         ctx.link(f"{path}/iommu_group", f"{GROUPS}/{f.iommu_group}")
-        groups.setdefault(f.iommu_group, []).append(addr)
         ctx.link(f"{DEVICES}/{addr}", path)
         if pf is not None:
             ctx.link(f"{path}/physfn", plan.functions[plan.ordinal[pf]].path)
     # SR-IOV capability files on present PFs, virtfnN links to present VFs.
     for pf_addr, vfs in plan.pf_vfs.items():
-        if pf_addr not in out:
+        if pf_addr not in out or not ctx.emits(plan.functions[plan.ordinal[pf_addr]].owner):
             continue
         vf_device = plan.functions[plan.ordinal[vfs[0]]].device_id
         n = vf_counts.get(pf_addr, 0)
@@ -289,6 +296,8 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
         for v in range(n):
             ctx.link(f"{pf_path}/virtfn{v}", out[vfs[v]])
     for group, members in groups.items():
+        if group not in written:
+            continue  # a group is written whole, by any build that writes one member
         base = f"{GROUPS}/{group}"
         ctx.files(
             base,
@@ -296,7 +305,8 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
         )
         for addr in members:
             ctx.link(f"{base}/devices/{addr}", out[addr])
-    _drivers(ctx, plan)
+    if not partial:
+        _drivers(ctx, plan)
     return out
 
 

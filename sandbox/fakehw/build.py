@@ -21,10 +21,12 @@ Health uses real kernel interfaces only (see ``Reason``):
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import weakref
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass
 
 from sandbox.fakehw import _cpu, _fpga, _gpu, _net, _pci
@@ -43,6 +45,7 @@ class _Static:
 
     system: Dir  # the root with CPUs, NUMA nodes, proc/cpuinfo, proc/meminfo, /dev basics
     plan: _pci.PciPlan
+    memos: OrderedDict[Hashable, str]  # Ctx.memo's, shared by the node's builds
 
 
 _static: dict[int, tuple[weakref.ref[NodeSpec], _Static]] = {}
@@ -59,7 +62,7 @@ def _static_of(node: NodeSpec) -> _Static:
     _base_devices(ctx)
     _cpu.add_cpus(ctx)
     _cpu.add_numa(ctx)
-    static = _Static(ctx.tree.root, _pci.plan_pci(node))
+    static = _Static(ctx.tree.root, _pci.plan_pci(node), OrderedDict())
 
     def forget(_ref: weakref.ref[NodeSpec]) -> None:
         with _static_lock:
@@ -72,22 +75,49 @@ def _static_of(node: NodeSpec) -> _Static:
 
 
 def build_tree(node: NodeSpec, states: Mapping[str, DeviceState] | None = None) -> Tree:
-    """The whole fake root of ``node`` with devices in ``states`` (default: the profile's)."""
+    """The whole fake root of ``node`` with devices in ``states`` (default: the profile's).
+
+    The tree's ``partial`` is ``build_partial`` for this node, so the live server can
+    rebuild just the devices a change touches."""
+    tree = _paused_gc(node, states, None)
+    tree.partial = functools.partial(build_partial, node)
+    return tree
+
+
+def build_partial(
+    node: NodeSpec, states: Mapping[str, DeviceState] | None, devices: Collection[str]
+) -> Tree:
+    """Only what the states of ``devices`` decide: their own entries (PCI functions, class
+    and bus links, /dev nodes, ...) and, whole, every entry that several devices' states
+    decide together (an IOMMU group, the NVML state file, the KFD topology). Nothing else:
+    no CPUs, bridges or drivers. Two partial builds of the same devices under two states
+    differ exactly where the whole trees differ (tests/test_tree_partial.py checks this
+    for every device and change of the shipped profiles)."""
+    return _paused_gc(node, states, frozenset(devices))
+
+
+def _paused_gc(
+    node: NodeSpec, states: Mapping[str, DeviceState] | None, only: frozenset[str] | None
+) -> Tree:
     # The tree is acyclic (plain refcounting frees it); pausing the cyclic GC while
     # hundreds of thousands of containers are allocated halves the build time.
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _build(node, states)
+        return _build(node, states, only)
     finally:
         if paused:
             gc.enable()
 
 
-def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
+def _build(
+    node: NodeSpec, states: Mapping[str, DeviceState] | None, only: frozenset[str] | None
+) -> Tree:
     static = _static_of(node)
-    ctx = Ctx(node, states)
-    ctx.graft(static.system)
+    ctx = Ctx(node, states, only)
+    ctx.memos = static.memos
+    if only is None:
+        ctx.graft(static.system)
     plan = static.plan
     vf_counts: dict[str, int] = {}  # physical function address -> VFs enabled on it
     for d in node.devices:
@@ -95,7 +125,9 @@ def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
     pci = _pci.add_pci(ctx, plan, vf_counts)
     ctx.pci_dirs = pci
     gpus = [d for d in node.devices if d.kind == "gpu" and d.gpu is not None]
-    _gpu.add_nvidia(ctx, [d for d in gpus if d.vendor == "nvidia"], pci, plan)
+    nvidia = [d for d in gpus if d.vendor == "nvidia"]
+    if _joint(ctx, nvidia):  # the NVML state file and MIG capabilities cover every GPU
+        _gpu.add_nvidia(ctx, nvidia, pci, plan)
     drm = [d for d in gpus if d.vendor != "nvidia"]
     if drm:
         ctx.file("sys/class/drm/version", "drm 1.1.0 20060810\n")
@@ -105,7 +137,7 @@ def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
     for d in drm:
         assert d.gpu is not None
         fn = pci.get(d.address)
-        if fn is not None:
+        if fn is not None and ctx.emits(d.id):
             _gpu.add_drm(ctx, d.gpu.minor, d.address, fn)
             if d.vendor == "amd":
                 _gpu.add_amd_attrs(ctx, d, fn)
@@ -113,12 +145,18 @@ def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
                 vf = d.gpu.vf_addresses[v]
                 _gpu.add_drm(ctx, vf_minor + v, vf, pci[vf])
         vf_minor += d.gpu.total_vfs
-    _gpu.add_kfd(ctx, [d for d in drm if d.vendor == "amd"], pci)
+    amd = [d for d in drm if d.vendor == "amd"]
+    if _joint(ctx, amd):  # KFD node numbers count the present GPUs
+        _gpu.add_kfd(ctx, amd, pci)
     _net.add_nics(ctx, [d for d in node.devices if d.nic is not None], pci, plan, vf_counts)
     _fpga.add_fpgas(ctx, [d for d in node.devices if d.fpga is not None], pci)
-    _generic(ctx, [d for d in node.devices if d.generic is not None], pci)
-    _vfio(ctx, plan, pci)
+    generic = [d for d in node.devices if d.generic is not None]
+    if _joint(ctx, generic):  # generic devices may share a /dev node
+        _generic(ctx, generic, pci)
+    _vfio(ctx, plan, pci)  # a group's node stays while any of its functions is present
     for d in node.devices:
+        if not ctx.emits(d.id):
+            continue
         ctx.tree.devices[d.id] = DeviceRecord(
             d.id,
             d.kind,
@@ -130,6 +168,11 @@ def _build(node: NodeSpec, states: Mapping[str, DeviceState] | None) -> Tree:
             ctx.states[d.id],
         )
     return ctx.tree
+
+
+def _joint(ctx: Ctx, devs: list[DeviceSpec]) -> bool:
+    """Whether entries decided by all of ``devs`` together belong in this build."""
+    return ctx.only is None or any(d.id in ctx.only for d in devs)
 
 
 def _vf_counts(dev: DeviceSpec, state: DeviceState) -> dict[str, int]:

@@ -1,23 +1,30 @@
 """The live tree: current device states, the tree built from them, and what a change changes.
 
 ``LiveTree`` owns the mutable side of a served node: the states dict, the current
-``Snapshot`` (a tree plus a flat path index) and per-path change times. A change goes
-through ``prepare`` (pure: new states, new tree via the injected ``rebuild``; safe to run
-in a worker thread) and ``commit`` (one assignment swaps the snapshot, so a reader sees
-the old tree or the new one, never a mix). ``commit`` returns a ``Diff`` that names
-exactly which paths appeared, vanished or changed; the filesystem layer turns it into
-kernel cache invalidations. Nothing here imports pyfuse3 or does any I/O except the
-state-file helpers at the bottom.
+``Snapshot`` (a tree plus a path index over it) and per-path change times. A change goes
+through ``prepare`` (pure: new states, new tree and its ``Diff``; safe to run in a worker
+thread) and ``commit`` (one assignment swaps the snapshot, so a reader sees the old tree
+or the new one, never a mix). The ``Diff`` names exactly which paths appeared, vanished
+or changed; the filesystem layer turns it into kernel cache invalidations.
+
+A change costs what the changed device owns, not what the node has: when the tree's
+builder offers ``Tree.partial``, ``prepare`` builds just the changed device's part under
+the old and the new states, diffs those two small trees and applies the difference to
+the current tree by path copying (``patch_tree``): only the directories on the way to a
+changed entry are copied, every other subtree is shared with the previous version. Trees
+from builders without ``partial`` are rebuilt whole and kept in a cache bounded by bytes.
+Nothing here imports pyfuse3 or does any I/O except the state-file helpers at the bottom.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -35,12 +42,17 @@ from sandbox.fakehw.tree import (
     Tree,
 )
 
+log = logging.getLogger(__name__)
+
 Rebuild = Callable[[Mapping[str, DeviceState]], Tree]
 Kind = Literal["dir", "file", "link", "chr"]
 Op = Literal["health", "unplug", "plug", "set-vfs"]
 OPS: tuple[Op, ...] = ("health", "unplug", "plug", "set-vfs")
 STATE_FILE_VERSION = 1
-CACHE_TREES = 16
+# Whole trees (builders without Tree.partial) memoised by states, up to this many bytes
+# (estimated from entries and file contents, as tracemalloc measures a small tree).
+CACHE_BYTES = 2 << 20
+_ENTRY_BYTES = 350  # a Dir/File/Symlink object, its name and its dict slot, roughly
 _StatesKey = tuple[tuple[str, DeviceState], ...]
 
 
@@ -108,19 +120,66 @@ def next_state(state: DeviceState, change: Change) -> DeviceState:
     return replace(state, port_vfs=tuple(sorted(ports.items())))
 
 
+class PathIndex(Mapping[str, Entry]):
+    """A tree's entries by path (the root is ``""``), read by walking the tree: nothing is
+    copied per version. ``len`` is the entry count (root included), kept by the caller."""
+
+    __slots__ = ("_count", "_root")
+
+    def __init__(self, root: Dir, count: int) -> None:
+        self._root = root
+        self._count = count
+
+    def __getitem__(self, path: str) -> Entry:
+        entry: Entry | None = self.get(path)
+        if entry is None:
+            raise KeyError(path)
+        return entry
+
+    def get(self, path: str, default: Any = None) -> Any:
+        node: Entry = self._root
+        if not path:
+            return node
+        for part in path.split("/"):
+            if not isinstance(node, Dir):
+                return default
+            child = node.children.get(part)
+            if child is None:
+                return default
+            node = child
+        return node
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, str) and self.get(path) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        yield ""
+        for path, _ in Tree(self._root).walk():
+            yield path
+
+    def __len__(self) -> int:
+        return self._count
+
+
 @dataclass(frozen=True)
 class Snapshot:
-    """A tree and its flat index (path -> entry; the root is ``""``)."""
+    """A tree, its path index and a version number."""
 
     tree: Tree
-    index: Mapping[str, Entry]
+    index: PathIndex
     version: int
+    nbytes: int = 0  # estimated size, for the cache of whole trees
 
     @classmethod
     def of(cls, tree: Tree, version: int) -> Snapshot:
-        index: dict[str, Entry] = {"": tree.root}
-        index.update(tree.walk())
-        return cls(tree, index, version)
+        count = 1
+        nbytes = _ENTRY_BYTES
+        for _, entry in tree.walk():
+            count += 1
+            nbytes += _ENTRY_BYTES
+            if isinstance(entry, File):
+                nbytes += len(entry.data)
+        return cls(tree, PathIndex(tree.root, count), version, nbytes)
 
 
 @dataclass(frozen=True)
@@ -178,6 +237,167 @@ def diff_index(old: Mapping[str, Entry], new: Mapping[str, Entry]) -> Diff:
     )
 
 
+class _Acc:
+    """Collects a Diff while trees are compared or patched."""
+
+    def __init__(self) -> None:
+        self.removed: list[tuple[str, Kind]] = []
+        self.added: list[tuple[str, Kind]] = []
+        self.changed: list[tuple[str, Kind]] = []
+        self.dirs: set[str] = set()
+
+    def remove(self, path: str, entry: Entry) -> None:
+        """``path`` and, for a directory, everything below it vanished."""
+        self.removed.append((path, kind_of(entry)))
+        self.dirs.add(path.rpartition("/")[0])
+        if isinstance(entry, Dir):
+            for sub, e in Tree(entry).walk():
+                self.removed.append((f"{path}/{sub}", kind_of(e)))
+
+    def add(self, path: str, entry: Entry) -> None:
+        """``path`` and, for a directory, everything below it appeared."""
+        self.added.append((path, kind_of(entry)))
+        self.dirs.add(path.rpartition("/")[0])
+        if isinstance(entry, Dir):
+            for sub, e in Tree(entry).walk():
+                full = f"{path}/{sub}"
+                self.added.append((full, kind_of(e)))
+                self.dirs.add(full.rpartition("/")[0])
+
+    def diff(self) -> Diff:
+        added = {p for p, _ in self.added}
+        # A directory that vanished itself needs no listing refresh.
+        gone = {p for p, k in self.removed if k == "dir" and p not in added}
+        return Diff(
+            removed=tuple(sorted(self.removed)),
+            added=tuple(sorted(self.added)),
+            changed=tuple(sorted(self.changed)),
+            dirs=tuple(sorted(d for d in self.dirs if d not in gone)),
+        )
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
+
+
+def diff_trees(old: Dir, new: Dir) -> Diff:
+    """What ``diff_index`` reports for two trees, without indexing them: subtrees the two
+    share (the same object) are skipped whole."""
+    acc = _Acc()
+    _diff_dir("", old, new, acc)
+    return acc.diff()
+
+
+def _diff_dir(prefix: str, old: Dir, new: Dir, acc: _Acc) -> None:
+    if old is new:
+        return
+    nc = new.children
+    for name, before in old.children.items():
+        after = nc.get(name)
+        if after is before:
+            continue
+        path = _join(prefix, name)
+        if after is None or type(after) is not type(before):
+            acc.remove(path, before)
+            if after is not None:
+                acc.add(path, after)
+        elif isinstance(before, Dir):
+            assert isinstance(after, Dir)
+            if before.mode != after.mode:
+                acc.changed.append((path, "dir"))
+            _diff_dir(path, before, after, acc)
+        elif before != after:
+            acc.changed.append((path, kind_of(before)))
+    oc = old.children
+    for name, after in nc.items():
+        if name not in oc:
+            acc.add(_join(prefix, name), after)
+
+
+class Mismatch(Exception):
+    """A partial build disagrees with the tree it should patch (a builder bug): the
+    caller rebuilds the whole tree instead."""
+
+
+_EMPTY = Dir()
+
+
+def patch_tree(base: Dir, old: Dir, new: Dir) -> tuple[Dir, Diff]:
+    """``base`` with the entries of ``old`` (a partial build under the old states)
+    replaced by those of ``new`` (under the new states), and what that changed.
+
+    Path copying: directories on the way to a change are copied, everything else is
+    shared with ``base`` (never modified). A directory that only ``old`` had is removed
+    once nothing is left in it (other devices' entries keep a shared one). Raises
+    Mismatch where ``base`` does not hold what ``old`` says it holds."""
+    acc = _Acc()
+    root = _patch("", base, old, new, acc)
+    return root, acc.diff()
+
+
+def _patch(prefix: str, base: Dir, old: Dir, new: Dir, acc: _Acc) -> Dir:
+    children: dict[str, Entry] | None = None
+    oc, nc, bc = old.children, new.children, base.children
+    for name in oc.keys() | nc.keys():
+        o, n = oc.get(name), nc.get(name)
+        if o is n:
+            continue
+        path = _join(prefix, name)
+        b = bc.get(name)
+        after = _patch_entry(path, b, o, n, acc)
+        if after is not b:
+            if children is None:
+                children = dict(bc)
+            if after is None:
+                del children[name]
+            else:
+                children[name] = after
+    return base if children is None else Dir(children, base.mode)
+
+
+def _patch_entry(
+    path: str, b: Entry | None, o: Entry | None, n: Entry | None, acc: _Acc
+) -> Entry | None:
+    """The entry at ``path`` once ``o`` (old partial) becomes ``n`` (new partial) over
+    ``b`` (the current whole tree's)."""
+    if isinstance(o, Dir) or (o is None and isinstance(n, Dir) and b is not None):
+        if not isinstance(b, Dir):
+            raise Mismatch(path)
+        merged = _patch(path, b, o if isinstance(o, Dir) else _EMPTY,
+                        n if isinstance(n, Dir) else _EMPTY, acc)  # fmt: skip
+        if isinstance(n, Dir):
+            if isinstance(o, Dir) and n.mode != o.mode:
+                acc.changed.append((path, "dir"))
+                return Dir(dict(merged.children), n.mode)
+            return merged
+        if merged.children:  # other devices' entries keep it
+            if n is not None:
+                raise Mismatch(path)
+            return merged
+        acc.removed.append((path, "dir"))
+        acc.dirs.add(path.rpartition("/")[0])
+        if n is not None:
+            acc.add(path, n)
+        return n
+    if o is not None:  # a leaf
+        if b is not o and b != o:
+            raise Mismatch(path)
+        if n is None:
+            acc.remove(path, o)
+        elif type(n) is type(o):
+            if n == o:
+                return b
+            acc.changed.append((path, kind_of(o)))
+        else:
+            acc.remove(path, o)
+            acc.add(path, n)
+        return n
+    if b is not None or n is None:  # only ``new`` has it, so ``base`` must not
+        raise Mismatch(path)
+    acc.add(path, n)
+    return n
+
+
 @dataclass(frozen=True)
 class Pending:
     """A prepared, not yet visible change: the result of ``LiveTree.prepare``."""
@@ -186,6 +406,7 @@ class Pending:
     states: Mapping[str, DeviceState]
     snapshot: Snapshot
     base_version: int
+    diff: Diff
 
 
 class LiveTree:
@@ -202,12 +423,13 @@ class LiveTree:
         self._rebuild = rebuild
         self._clock = clock
         self._versions = itertools.count(1)
-        # rebuild is pure, so trees are memoised by states: a fault that flips back and
-        # forth costs one build per distinct state, not one per change.
+        # Whole trees (no Tree.partial) are memoised by states, bounded by bytes: a fault
+        # that flips back and forth costs one build per distinct state.
         self._cache: OrderedDict[_StatesKey, Snapshot] = OrderedDict()
+        self._cache_bytes = 0
         self.states: dict[str, DeviceState] = dict(states or {})
         self.snapshot = Snapshot.of(rebuild(self.states), 0)
-        self._cache[_key(self.states)] = self.snapshot
+        self._remember(self.snapshot)
         self.started_ns = clock()
         self._changed_ns: dict[str, int] = {}
         # Unplugged devices are absent from a tree, so learn every device once from a
@@ -232,9 +454,14 @@ class LiveTree:
         """When the entry at ``path`` last changed (the mount time if never)."""
         return self._changed_ns.get(path, self.started_ns)
 
+    @property
+    def cache_bytes(self) -> int:
+        """Estimated bytes of whole trees kept for reuse (0 with partial builds)."""
+        return self._cache_bytes
+
     # -- changing ---------------------------------------------------------------------
     def prepare(self, change: Change) -> Pending | None:
-        """Compute the states and tree after ``change``; None if it changes nothing.
+        """Compute the states, tree and diff after ``change``; None if it changes nothing.
 
         Raises ControlError for an unknown device or a state the builder rejects.
         """
@@ -247,33 +474,70 @@ class LiveTree:
             return None
         states = dict(self.states)
         states[change.device] = after
-        key = _key(states)
-        snapshot = self._cache.get(key)
+        current = self.snapshot
+        try:
+            if current.tree.partial is not None:
+                try:
+                    return self._prepare_partial(change, states, current)
+                except Mismatch as exc:
+                    log.warning("partial rebuild of %s disagrees at %s; rebuilding whole",
+                                change.device, exc)  # fmt: skip
+            return self._prepare_whole(change, states, current)
+        except ControlError:
+            raise
+        except (SandboxError, ValueError, KeyError) as exc:
+            # The builder refuses this state (e.g. more VFs than sriov_totalvfs).
+            raise ControlError(f"{change.op} {change.device}: {exc}") from exc
+
+    def _prepare_partial(
+        self, change: Change, states: dict[str, DeviceState], current: Snapshot
+    ) -> Pending:
+        tree = current.tree
+        assert tree.partial is not None
+        device = (change.device,)
+        old = tree.partial(self.states, device)
+        new = tree.partial(states, device)
+        root, diff = patch_tree(tree.root, old.root, new.root)
+        patched = Tree(root)
+        patched.partial = tree.partial
+        patched.devices = {**tree.devices, **new.devices}
+        count = len(current.index) + len(diff.added) - len(diff.removed)
+        snapshot = Snapshot(patched, PathIndex(root, count), next(self._versions))
+        return Pending(change, states, snapshot, current.version, diff)
+
+    def _prepare_whole(
+        self, change: Change, states: dict[str, DeviceState], current: Snapshot
+    ) -> Pending:
+        snapshot = self._cache.get(_key(states))
         if snapshot is None:
-            try:
-                tree = self._rebuild(states)
-            except ControlError:
-                raise
-            except (SandboxError, ValueError, KeyError) as exc:
-                # The builder refuses this state (e.g. more VFs than sriov_totalvfs).
-                raise ControlError(f"{change.op} {change.device}: {exc}") from exc
+            tree = self._rebuild(states)
+            tree.partial = None  # whole trees from here on: no partial path to fall into
             snapshot = Snapshot.of(tree, next(self._versions))
-        return Pending(change, states, snapshot, self.snapshot.version)
+        diff = diff_trees(current.tree.root, snapshot.tree.root)
+        return Pending(change, states, snapshot, current.version, diff)
+
+    def _remember(self, snapshot: Snapshot) -> None:
+        if snapshot.tree.partial is not None:
+            return  # versions share their subtrees; nothing to keep
+        key = _key(self.states)
+        old = self._cache.pop(key, None)
+        if old is not None:
+            self._cache_bytes -= old.nbytes
+        self._cache[key] = snapshot
+        self._cache_bytes += snapshot.nbytes
+        while self._cache_bytes > CACHE_BYTES and len(self._cache) > 1:
+            _, dropped = self._cache.popitem(last=False)
+            self._cache_bytes -= dropped.nbytes
 
     def commit(self, pending: Pending) -> Diff:
         """Make a prepared change visible and return what differs from before."""
         if pending.base_version != self.snapshot.version:
             raise ControlError("concurrent change: prepare again")
-        old = self.snapshot
         self.snapshot = pending.snapshot
         self.states = dict(pending.states)
-        key = _key(self.states)
-        self._cache[key] = pending.snapshot
-        self._cache.move_to_end(key)
-        while len(self._cache) > CACHE_TREES:
-            self._cache.popitem(last=False)
+        self._remember(pending.snapshot)
         self.records.update(pending.snapshot.tree.devices)
-        diff = diff_index(old.index, pending.snapshot.index)
+        diff = pending.diff
         now = self._clock()
         for path, _ in (*diff.added, *diff.changed):
             self._changed_ns[path] = now

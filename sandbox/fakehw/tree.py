@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 
@@ -104,12 +104,20 @@ def check_component(name: str) -> str:
     return name
 
 
-class Tree:
-    """A whole fake root. Build it with the add_* methods; read it with get/walk."""
+PartialBuild = Callable[[Mapping[str, DeviceState], Collection[str]], "Tree"]
 
-    def __init__(self) -> None:
-        self.root = Dir()
+
+class Tree:
+    """A whole fake root. Build it with the add_* methods; read it with get/walk.
+
+    ``partial(states, devices)``, when the builder sets it, builds only what the states
+    of ``devices`` decide (``build.build_partial``): the live server diffs two of those
+    instead of two whole trees."""
+
+    def __init__(self, root: Dir | None = None) -> None:
+        self.root = root if root is not None else Dir()
         self.devices: dict[str, DeviceRecord] = {}
+        self.partial: PartialBuild | None = None
 
     # -- building -------------------------------------------------------------------
     def mkdir(self, path: str, mode: int = 0o755) -> Dir:
