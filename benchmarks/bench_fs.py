@@ -5,10 +5,14 @@
 The default tree is the demo profile (8gpu-2numa); fakehw_toy:rebuild_large is a
 synthetic one from tests/.
 
-Prints stat+read of every file, cold (first pass on a fresh mount) and cached (best of
---rounds later passes), against a copy written to /dev/shm, and fault-to-visible latency:
-from sending a control request to the moment a fresh open()/listdir() in this process
-sees the change. Targets: cached <= 2x tmpfs, cold <= 40x tmpfs, visible <= 10 ms.
+Prints stat+read of every file with os-level calls, cold (first pass on a fresh mount,
+best of --rounds mounts) and cached (best of --rounds later passes), against a copy
+written to /dev/shm (rounds interleaved, so load on the machine hits both alike); the
+second pass of real readers (lstopo, lspci -vnn, find+cat over sys/ and proc/), best of
+--rounds, against the same on the copy; and fault-to-visible latency: from sending a
+control request to the moment a fresh open()/listdir() in this process sees the change.
+Targets (issue 16): cached <= 2x, cold <= 20x, readers <= 1.2x tmpfs, visible <= 10 ms.
+Says whether the server ran in its no-open fast mode (the patched pyfuse3).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from fakehw_serve import _load_rebuild  # noqa: E402
 
 from sandbox.fakehw.control import ControlClient  # noqa: E402
+from sandbox.fakehw.fs import FAST_MODE_AVAILABLE  # noqa: E402
 from sandbox.fakehw.tree import (  # noqa: E402
     CharDevice,
     DeviceState,
@@ -91,7 +96,7 @@ def stop(root: Path, proc: subprocess.Popen[bytes]) -> None:
         if subprocess.run(["fusermount3", "-u", str(root)], capture_output=True).returncode == 0:
             break
         time.sleep(0.1)
-    proc.wait(timeout=20)
+    proc.wait(timeout=60)
     if proc.stdout is not None:
         proc.stdout.close()
 
@@ -138,6 +143,41 @@ def latencies(
     return out
 
 
+def readers(root: Path) -> dict[str, list[str]]:
+    """The real readers' command lines for a root (their output is thrown away)."""
+    return {
+        "lstopo": ["env", f"HWLOC_FSROOT={root}", "HWLOC_COMPONENTS=-x86",
+                   "lstopo-no-graphics", "--of", "xml", "-"],
+        "lspci -vnn": ["lspci", "-A", "linux-sysfs", "-O", f"sysfs.path={root}/sys/bus/pci",
+                       "-vnn"],
+        "find+cat": ["sh", "-c", f"find {root}/sys {root}/proc -type f -print0 | "
+                     "xargs -0 cat >/dev/null 2>&1; true"],
+    }  # fmt: skip
+
+
+def run_once(argv: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return time.perf_counter() - t0
+
+
+def second_passes(fuse: Path, shm: Path, rounds: int) -> dict[str, tuple[float, float]]:
+    """Per reader: best second-pass seconds on the mount and on the tmpfs copy."""
+    out: dict[str, tuple[float, float]] = {}
+    on_fuse, on_shm = readers(fuse), readers(shm)
+    for name in on_fuse:
+        if shutil.which(on_fuse[name][0 if name != "lstopo" else 3]) is None:
+            continue
+        run_once(on_fuse[name])  # the first pass fills the kernel's caches
+        run_once(on_shm[name])
+        best_fuse = best_shm = float("inf")
+        for _ in range(rounds):
+            best_fuse = min(best_fuse, run_once(on_fuse[name]))
+            best_shm = min(best_shm, run_once(on_shm[name]))
+        out[name] = (best_fuse, best_shm)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rebuild", default="profile_rebuild:demo")
@@ -151,22 +191,25 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-fs-", dir="/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="bench-fs-", dir="/dev/shm"))
     root = work / "root"
+    cold = tmpfs = cached = float("inf")
     try:
         write_copy(tree, shm)
         stat_read_all(shm, files)
-        tmpfs = min(stat_read_all(shm, files) for _ in range(args.rounds))
-
+        for _ in range(args.rounds):  # cold: a fresh mount each time, nothing cached
+            proc = start(root, args.rebuild)
+            try:
+                tmpfs = min(tmpfs, stat_read_all(shm, files))
+                cold = min(cold, stat_read_all(root, files))
+            finally:
+                stop(root, proc)
         proc = start(root, args.rebuild)
         try:
-            cold = stat_read_all(root, files)
-            cached = min(stat_read_all(root, files) for _ in range(args.rounds))
+            stat_read_all(root, files)
+            for _ in range(args.rounds):
+                tmpfs = min(tmpfs, stat_read_all(shm, files))
+                cached = min(cached, stat_read_all(root, files))
+            passes = second_passes(root, shm, args.rounds)
             lat = latencies(work / "root.sock", root, rebuild, args.faults)
-        finally:
-            stop(root, proc)
-        # Cold for the server, fair to the kernel: a fresh mount with nothing cached.
-        proc = start(root, args.rebuild)
-        try:
-            cold = min(cold, stat_read_all(root, files))
         finally:
             stop(root, proc)
     finally:
@@ -184,12 +227,18 @@ def main() -> int:
         p95 = xs[min(len(xs) - 1, int(len(xs) * 0.95))]
         return f"median {statistics.median(xs) * 1e3:6.2f} ms  p95 {p95 * 1e3:6.2f} ms"
 
-    print(f"tree: {args.rebuild}: {n} files, {sum(1 for _ in tree.walk())} entries")
+    fast = FAST_MODE_AVAILABLE and os.environ.get("HWSANDBOX_FUSE_FAST", "1") != "0"
+    mode = "no-open fast mode" if fast else "WITHOUT the no-open fast mode"
+    print(f"tree: {args.rebuild}: {n} files, {sum(1 for _ in tree.walk())} entries; "
+          f"server: {mode}")  # fmt: skip
     print(f"{'stat+read per file':28} {'fuse':>11} {'tmpfs':>11} {'ratio':>7}  target")
-    print(f"{'  cold (fresh mount)':28} {us(cold)} {us(tmpfs)} {cold / tmpfs:6.1f}x  <= 40x")
+    print(f"{'  cold (fresh mount)':28} {us(cold)} {us(tmpfs)} {cold / tmpfs:6.1f}x  <= 20x")
     print(
         f"{'  cached (best of rounds)':28} {us(cached)} {us(tmpfs)} {cached / tmpfs:6.1f}x  <= 2x"
     )
+    print(f"{'second pass of a reader':28} {'fuse':>11} {'tmpfs':>11} {'ratio':>7}  target")
+    for name, (f, t) in passes.items():
+        print(f"{'  ' + name:28} {f * 1e3:8.1f} ms {t * 1e3:8.1f} ms {f / t:6.2f}x  <= 1.2x")
     print(f"fault -> visible to a fresh open/listdir ({args.faults} rounds)")
     print(f"{'  control call returns':28} {ms(lat['call'])}")
     print(f"{'  health (aer_dev_fatal)':28} {ms(lat['health'])}   target <= 10 ms")

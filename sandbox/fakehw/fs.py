@@ -434,13 +434,14 @@ async def serve(
     states = dict(initial_states or {})
     states.update(load_states(paths.state))
     live = LiveTree(rebuild, states)
+    fast = FAST_MODE_AVAILABLE and os.environ.get("HWSANDBOX_FUSE_FAST", "1") != "0"
     if not FAST_MODE_AVAILABLE:
         log.warning(
             "pyfuse3 %s lacks hw-sandbox's patch: serving without the no-open fast mode "
             "(every open is a round trip); run scripts/build-pyfuse3 to build it",
             pyfuse3.__version__,
         )
-    ops = _Operations(live, dev_map, fast=FAST_MODE_AVAILABLE)
+    ops = _Operations(live, dev_map, fast=fast)
     server = ControlServer(
         live,
         on_diff=ops.invalidate,
