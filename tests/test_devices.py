@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hwplugins.deviceplugin import discover as dp_discover
 from hwplugins.deviceplugin import group
-from hwplugins.devices import scan
+from hwplugins.devices import Scanner, scan
 from hwplugins.dra import discover as dra_discover
 from hwplugins.dra import from_scan
 
@@ -69,3 +69,28 @@ def test_plugin_and_driver_agree_on_nodes_and_health(tmp_path: Path, profile: Pa
             assert all(d.address != gone for d in devices)
     if any(d.gpu is not None or d.fpga is not None for d in node.devices):
         assert compared, "no device offered by both: nothing was compared"
+
+
+@pytest.mark.parametrize("profile", ["sriov-rdma.yaml", "fpga-dfl.yaml", "intel-flex-sriov.yaml",
+                                     "workshop-mixed.yaml"])  # fmt: skip
+def test_rescanning_only_the_changed_device_equals_a_full_scan(tmp_path: Path,
+                                                               profile: str) -> None:  # fmt: skip
+    """What ``--watch`` relies on: after a change to one device, re-reading that device's
+    PCI function (its VFs and whatever appeared) gives exactly what a full scan gives."""
+    node = load_profile(str(REPO / "profiles" / profile)).cluster.nodes[0]
+    root = tmp_path / "root"
+    render(build_tree(node), root, force=True)
+    scanner = Scanner(root)
+    assert scanner.scan() == scan(root)
+    states: dict[str, DeviceState] = {}
+    for dev in node.devices[:2]:
+        changes = [FAULTS["aer"], FAULTS["unplug"], DeviceState()]
+        if dev.nic is not None:
+            changes[1:1] = [FAULTS["link"]]
+        vfs = dev.nic.num_vfs if dev.nic else dev.gpu.num_vfs if dev.gpu else 0
+        if vfs:
+            changes[1:1] = [DeviceState(num_vfs=vfs - 1)]
+        for state in changes:
+            states[dev.id] = state
+            render(build_tree(node, states), root, force=True)
+            assert scanner.scan(frozenset({dev.address})) == scan(root), (dev.id, state)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 
 from hwplugins.sysfs import (
@@ -283,9 +283,46 @@ class _Scanner:
 _INFO = re.compile(r"^([A-Za-z ]+):\s*(.*?)\s*$", re.M)
 
 
+class Scanner:
+    """Scans one root again and again. ``scan()`` reads every function; ``scan(dirty)``
+    re-reads only the functions named in ``dirty`` (their VFs too) and those that appeared
+    since the last scan, drops those that left the bus, and keeps the other records: for a
+    caller told what changed (``hwplugins.watch``), a fault costs one device, not the tree.
+    The PCI and /dev listings are read every time."""
+
+    def __init__(self, root: str | os.PathLike[str], ignore: Iterable[str] = ()) -> None:
+        self.root = SysRoot(root)
+        self.ignore = frozenset(ignore)
+        self._last: dict[str, PciDevice] = {}
+
+    def scan(self, dirty: Collection[str] | None = None) -> list[PciDevice]:
+        reader = _Scanner(self.root)
+        addresses = self.root.pci_addresses()
+        stale = None
+        if dirty is not None:
+            # A card is every function of its slot (a 2-port NIC is 0000:01:00.0 and .1),
+            # and a PF's change (VF count, link, AER) reaches its VFs' files.
+            slots = {_slot(a) for a in dirty}
+            stale = {a for a in (*addresses, *self._last) if _slot(a) in slots}
+            stale |= {a for a, d in self._last.items() if d.physfn and d.physfn in stale}
+        out: dict[str, PciDevice] = {}
+        for address in addresses:
+            if address in self.ignore:
+                continue
+            if stale is not None and address not in stale and address in self._last:
+                out[address] = self._last[address]
+                continue
+            pci = self.root.pci_function(address)
+            if pci is not None:
+                out[address] = reader.device(pci)
+        self._last = out
+        return list(out.values())
+
+
+def _slot(address: str) -> str:
+    return address.rpartition(".")[0] or address
+
+
 def scan(root: str | os.PathLike[str], ignore: Iterable[str] = ()) -> list[PciDevice]:
     """Every PCI function with readable ids below ``root``, sorted by address."""
-    r = SysRoot(root)
-    skip = set(ignore)
-    scanner = _Scanner(r)
-    return [scanner.device(pci) for pci in r.pci_functions() if pci.address not in skip]
+    return Scanner(root, ignore).scan()

@@ -129,20 +129,26 @@ class SysRoot:
         prefix = f"/dev/{subdir}/" if subdir else "/dev/"
         return {prefix + n for n in listdir(os.path.join(self.dev, subdir))}
 
+    def pci_addresses(self) -> list[str]:
+        """The names under ``sys/bus/pci/devices``, sorted: one listing."""
+        return listdir(os.path.join(self.sys, "bus", "pci", "devices"))
+
+    def pci_function(self, address: str) -> PciFunction | None:
+        """The function's ids; None when they are unreadable (a dangling link: the device
+        left the bus between the listing and this read)."""
+        path = os.path.join(self.sys, "bus", "pci", "devices", address)
+        vendor = read_int(f"{path}/vendor", 16)
+        pci_class = read_int(f"{path}/class", 16)
+        if vendor is None or pci_class is None:
+            return None
+        device = read_int(f"{path}/device", 16) or 0  # 0: not given (hand-made trees)
+        return PciFunction(address, path, vendor, device, pci_class,
+                           os.path.lexists(f"{path}/physfn"))  # fmt: skip
+
     def pci_functions(self) -> list[PciFunction]:
         """Every function under ``sys/bus/pci/devices`` with readable ids, by address."""
-        base = os.path.join(self.sys, "bus", "pci", "devices")
-        found = []
-        for name in listdir(base):
-            path = f"{base}/{name}"
-            vendor = read_int(f"{path}/vendor", 16)
-            pci_class = read_int(f"{path}/class", 16)
-            if vendor is None or pci_class is None:
-                continue  # a dangling link (the device left the bus) reads as absent too
-            device = read_int(f"{path}/device", 16) or 0  # 0: not given (hand-made trees)
-            found.append(PciFunction(name, path, vendor, device, pci_class,
-                                     os.path.lexists(f"{path}/physfn")))  # fmt: skip
-        return found
+        found = (self.pci_function(a) for a in self.pci_addresses())
+        return [f for f in found if f is not None]
 
     def pcie_root(self, address: str) -> str | None:
         """``pci<domain>:<bus>`` of the root complex, as k8s.io/dynamic-resource-allocation's

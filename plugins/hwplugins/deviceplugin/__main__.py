@@ -42,6 +42,19 @@ def _parser() -> argparse.ArgumentParser:
         default=1.0,
         help="seconds between rescans of the tree (default: 1)",
     )
+    p.add_argument(
+        "--watch",
+        type=Path,
+        metavar="SOCKET",
+        help="a live tree's control socket: rescan on its change events, and only every "
+        "--resync seconds otherwise (every --interval while it is unreachable)",
+    )
+    p.add_argument(
+        "--resync",
+        type=float,
+        default=30.0,
+        help="seconds between full rescans while --watch is followed (default: 30)",
+    )
     p.add_argument("--config", type=Path, help="JSON config: rules, ignore, preStartRequired")
     p.add_argument(
         "--resource",
@@ -91,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         json.dump([dataclasses.asdict(d) for d in devices], sys.stdout, indent=2)
         print()
         return 0
+    if args.interval <= 0 or args.resync <= 0:
+        print("error: --interval and --resync must be positive", file=sys.stderr)
+        return 2
     if not args.kubelet_dir.is_dir():
         print(f"error: --kubelet-dir {args.kubelet_dir} is not a directory", file=sys.stderr)
         return 2
@@ -106,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     logging.getLogger("hwplugins.deviceplugin").info(
-        "root %s, kubelet dir %s, rescan every %.2fs", args.root, args.kubelet_dir, args.interval
+        "root %s, kubelet dir %s, rescan every %.2fs%s", args.root, args.kubelet_dir,
+        args.interval, f", on change events of {args.watch}" if args.watch else "",
     )
     run(
         args.root,
@@ -115,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         interval=args.interval,
         socket_prefix=args.socket_prefix,
         stop=stop,
+        watch=args.watch,
+        resync=args.resync,
     )
     if signals:
         logging.getLogger("hwplugins.deviceplugin").info("signal %d: stopped", signals[0])

@@ -6,8 +6,9 @@ serve first, then Register; serve again and re-register when our socket or kubel
 deleted or replaced (a kubelet restart deletes every socket in the directory). Changes are
 noticed by polling ``stat`` (device, inode, ctime), which works on any filesystem.
 
-``run`` is the process loop: rescan the root every ``interval`` seconds, hand each
-resource its device list (a change wakes its ListAndWatch streams), tick every plugin.
+``run`` is the process loop: rescan the root when ``hwplugins.watch.Rescans`` says so
+(every ``interval`` seconds, or on a live tree's change events), hand each resource its
+device list (a change wakes its ListAndWatch streams), tick every plugin.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ import grpc
 from hwplugins.api import deviceplugin_v1beta1_pb2 as pb
 from hwplugins.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from hwplugins.deviceplugin.config import Config
-from hwplugins.deviceplugin.discovery import Device, discover
+from hwplugins.deviceplugin.discovery import Device, group
 from hwplugins.deviceplugin.packing import pack
+from hwplugins.devices import Scanner
+from hwplugins.watch import Rescans
 
 log = logging.getLogger("hwplugins.deviceplugin")
 
@@ -315,17 +318,23 @@ def run(
     interval: float = 1.0,
     socket_prefix: str = "hwplugins",
     stop: threading.Event,
+    watch: Path | None = None,
+    resync: float = 30.0,
 ) -> None:
-    """Rescan, serve and register until ``stop`` is set; then stop every server."""
+    """Rescan, serve and register until ``stop`` is set; then stop every server. With
+    ``watch`` (a live tree's control socket) rescan on its change events and every
+    ``resync`` seconds, else every ``interval`` seconds (see ``hwplugins.watch``)."""
     plugins: dict[str, ResourcePlugin] = {}
-    next_scan = time.monotonic()
+    rescans = Rescans(interval, watch, resync)
+    scanner = Scanner(root, config.ignore)
     try:
         while not stop.is_set():
             now = time.monotonic()
-            if now >= next_scan:
-                next_scan = now + interval
+            rescan = rescans.due(now)
+            if rescan is not None:
                 grouped: dict[str, list[Device]] = {}
-                for dev in discover(root, config.rules, config.ignore):
+                found = scanner.scan(rescan.dirty)
+                for dev in group(found, config.rules, scanner.root.dev_exists):
                     if not config.only or dev.resource in config.only:
                         grouped.setdefault(dev.resource, []).append(dev)
                 for resource in sorted(grouped.keys() | plugins.keys()):
@@ -343,8 +352,11 @@ def run(
                         _log_changes(resource, old, plugin.devices)
             for plugin in plugins.values():
                 plugin.tick(now)
-            stop.wait(min(TICK, interval))
+            if stop.is_set():
+                break
+            rescans.wait(min(TICK, interval))
     finally:
+        rescans.close()
         for plugin in plugins.values():
             plugin.close()
         log.info("stopped")

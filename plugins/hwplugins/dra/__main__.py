@@ -20,6 +20,7 @@ from hwplugins.dra.kubeletplugin import KubeletPlugin, ServeError
 from hwplugins.dra.publisher import Publisher, read_claim
 from hwplugins.dra.slices import DRIVER, build_pool, resource_slices
 from hwplugins.dra.state import Claims, PrepareError
+from hwplugins.watch import Rescans
 
 log = logging.getLogger("hwplugins.dra")
 
@@ -48,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host-dev-dir", type=Path,
                    help="CDI hostPath of /dev/X is DIR/X (where the node's real nodes are)")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between rescans")
+    p.add_argument("--watch", type=Path, metavar="SOCKET",
+                   help="a live tree's control socket: rescan on its change events, and only "
+                   "every --resync seconds otherwise (every --interval while unreachable)")
+    p.add_argument("--resync", type=float, default=30.0,
+                   help="seconds between full rescans while --watch is followed (default: 30)")
     p.add_argument("--compatibility-groups", action="store_true",
                    help="offer every partition mode with compatibility groups (alpha: needs "
                    "the DRADeviceCompatibilityGroups feature gate)")  # fmt: skip
@@ -64,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)  # fmt: skip
+    if args.interval <= 0 or args.resync <= 0:
+        print("error: --interval and --resync must be positive", file=sys.stderr)
+        return 2
     if not args.node_name:
         print("error: --node-name (or $NODE_NAME) is required", file=sys.stderr)
         return 2
@@ -110,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     log.info("node %s, root %s, %d prepared claim(s) in %s, rescan every %.2fs",
              args.node_name, args.root, len(claims.all()), checkpoint, args.interval)
     try:
-        run(driver, Publisher(api, args.node_name), plugin, args.interval, stop)
+        run(driver, Publisher(api, args.node_name), plugin, args.interval, stop,
+            Rescans(args.interval, args.watch, args.resync))
     except ServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

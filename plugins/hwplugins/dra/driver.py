@@ -2,8 +2,9 @@
 
 ``Driver`` holds the current pool (discovery + config -> ``slices.build_pool``) and is the
 kubelet plugin's backend: ``prepare`` reads the claim from the API server and hands it to
-``state.Claims``. ``run`` is the loop: every ``interval`` seconds rescan, publish the
-slices when they changed (a new pool generation), and keep the registration socket served.
+``state.Claims``. ``run`` is the loop: rescan when ``hwplugins.watch.Rescans`` says so
+(every ``interval`` seconds, or on a live tree's change events), publish the slices when
+they changed (a new pool generation), and keep the registration socket served.
 An API server that is away is retried on the next round; the kubelet side keeps serving.
 """
 
@@ -11,18 +12,22 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hwplugins.devices import Scanner
 from hwplugins.dra.config import DriverConfig
-from hwplugins.dra.discovery import discover
+from hwplugins.dra.discovery import from_scan
 from hwplugins.dra.kubeletplugin import KubeletPlugin
 from hwplugins.dra.publisher import Publisher
 from hwplugins.dra.slices import DRIVER, Pool, build_pool
 from hwplugins.dra.state import Claims, PreparedClaim, PrepareError
+from hwplugins.watch import Rescans
 
 log = logging.getLogger("hwplugins.dra")
+TICK = 0.1  # how soon a change event or a stop is acted on
 
 
 class Driver:
@@ -40,14 +45,16 @@ class Driver:
         self._pool = Pool((), ())
         self._health: list[tuple[str, bool]] = []
         self._health_version = 0
+        self._scanner = Scanner(root)
 
     @property
     def pool(self) -> Pool:
         with self._cond:
             return self._pool
 
-    def rescan(self) -> Pool:
-        devices = discover(self.root)
+    def rescan(self, dirty: frozenset[str] | None = None) -> Pool:
+        """Scan again: everything, or only the PCI functions in ``dirty``."""
+        devices = from_scan(self._scanner.scan(dirty))
         pool = build_pool(devices, self.config, self.compatibility_groups)
         health = [(d.name, d.source.healthy) for d in pool.devices]
         with self._cond:
@@ -79,21 +86,33 @@ class Driver:
 
 
 def run(driver: Driver, publisher: Publisher | None, plugin: KubeletPlugin | None,
-        interval: float, stop: threading.Event) -> None:  # fmt: skip
+        interval: float, stop: threading.Event,
+        rescans: Rescans | None = None) -> None:  # fmt: skip
+    """Rescan and publish when ``rescans`` says so (default: every ``interval`` seconds;
+    see ``hwplugins.watch`` for following a live tree's change events); check the
+    registration socket every ``interval`` seconds."""
+    rescans = rescans or Rescans(interval)
+    next_tick = 0.0
     if plugin is not None:
         plugin.start()
     try:
         while not stop.is_set():
-            pool = driver.rescan()
-            if publisher is not None:
-                try:
-                    publisher.publish(pool)
-                except Exception as exc:  # the API server may be away: retry next round
-                    log.warning("publishing slices failed: %s", exc)
-                    publisher.forget()
-            if plugin is not None:
+            now = time.monotonic()
+            rescan = rescans.due(now)
+            if rescan is not None:
+                pool = driver.rescan(rescan.dirty)
+                if publisher is not None:
+                    try:
+                        publisher.publish(pool)
+                    except Exception as exc:  # the API server may be away: retry soon
+                        log.warning("publishing slices failed: %s", exc)
+                        publisher.forget()
+                        rescans.retry(now)
+            if plugin is not None and now >= next_tick:
                 plugin.tick()
-            stop.wait(interval)
+                next_tick = now + interval
+            rescans.wait(min(TICK, interval))
     finally:
+        rescans.close()
         if plugin is not None:
             plugin.stop()
