@@ -220,7 +220,9 @@ class _Up:
             self._procs(node.name)["plugin"] = supervisor.spawn(
                 f"plugin {node.name}",
                 [sys.executable, "-m", PLUGIN_MODULE, "--root", str(d / "root"),
-                 "--kubelet-dir", str(d / "kubelet")], d / "plugin.log").to_json()
+                 "--kubelet-dir", str(d / "kubelet"),
+                 # Rescan on the tree's change events, not every second (idle CPU).
+                 "--watch", str(d / "control.sock")], d / "plugin.log").to_json()
             write_record(self.state_dir, self.record)
 
     def advertised(self) -> None:
