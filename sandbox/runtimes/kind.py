@@ -38,6 +38,7 @@ import yaml
 
 from sandbox.catalog import find_plugin
 from sandbox.errors import CommandError, ControlError, RuntimeBackendError, SandboxError
+from sandbox.profile import spec
 from sandbox.profile.spec import Cluster
 from sandbox.runtimes import agentimage
 from sandbox.runtimes.agentimage import PRELOADED_LABEL
@@ -54,6 +55,7 @@ from sandbox.runtimes.base import (
 from sandbox.runtimes.imagefiles import cache_root
 from sandbox.runtimes.kindapi import (
     AGENT_NAMESPACE,
+    SPEC_FILE,
     agent_manifests,
     api_client,
     create,
@@ -220,8 +222,9 @@ class KindRuntime:
             record["nodes"][node.name] = {"root": str(nodes / node.name / "root"),
                                           "socket": str(nodes / node.name / "control.sock")}
         write_record(state_dir, record)
-        for node in cluster.nodes:
+        for node in cluster.nodes:  # bind-mounted at STATE_IN_NODE in the node container
             (nodes / node.name).mkdir(parents=True, exist_ok=True)
+            (nodes / node.name / SPEC_FILE).write_text(spec.dump(node))
         # -- config
         facts = host_facts(client, image) if image else HostFacts(
             cgroup_v1=str(client.info().get("CgroupVersion", "2")) == "1",
@@ -266,7 +269,7 @@ class KindRuntime:
         # -- agent, plugins: created together (the plugin rescans every second and finds
         # the tree once the agent has mounted it; its mount sees the tree appear)
         progress("deploying the fake-hardware agent and the reference device plugin")
-        docs = agent_manifests(cluster, Path(profile_path).read_text())
+        docs = agent_manifests(cluster)
         create(api, docs, "agent")
         create(api, list(yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text())),
                 "plugins")

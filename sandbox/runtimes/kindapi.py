@@ -17,16 +17,17 @@ from sandbox.runtimes.agentimage import IMAGE
 from sandbox.runtimes.kindconfig import NODE_LABEL
 
 AGENT_NAMESPACE = "hw-sandbox"
-ROOT_IN_NODE = "/var/lib/hw-sandbox/root"
+STATE_IN_NODE = "/var/lib/hw-sandbox"  # <state>/nodes/<replica> on the host
+ROOT_IN_NODE = f"{STATE_IN_NODE}/root"
+SPEC_FILE = "spec.json"  # the replica's resolved spec, written there by the host
 
 
-def agent_manifests(cluster: Cluster, profile_text: str) -> list[dict[str, Any]]:
-    """Namespace, profile ConfigMap and one agent DaemonSet per node replica."""
+def agent_manifests(cluster: Cluster) -> list[dict[str, Any]]:
+    """The namespace and one agent DaemonSet per node replica. Each agent serves the
+    resolved spec the host wrote to its node's state dir (``SPEC_FILE``): every process
+    of a sandbox works from the one spec the CLI resolved."""
     docs: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},
-        {"apiVersion": "v1", "kind": "ConfigMap",
-         "metadata": {"name": "hw-sandbox-profile", "namespace": AGENT_NAMESPACE},
-         "data": {"profile.yaml": profile_text}},
     ]
     for node in cluster.nodes:
         name = f"agent-{node.name}"
@@ -48,24 +49,22 @@ def agent_manifests(cluster: Cluster, profile_text: str) -> list[dict[str, Any]]
                         "tolerations": [{"operator": "Exists"}],
                         "containers": [{
                             "name": "agent", "image": IMAGE, "imagePullPolicy": "Never",
-                            "command": ["python3", "-m", "sandbox", "mount",
-                                        "/etc/hw-sandbox/profile.yaml", "--node", node.name,
-                                        ROOT_IN_NODE, "--state-dir", "/var/lib/hw-sandbox",
+                            "command": ["python3", "-m", "sandbox", "mount", "--spec",
+                                        f"{STATE_IN_NODE}/{SPEC_FILE}", "--node", node.name,
+                                        ROOT_IN_NODE, "--state-dir", STATE_IN_NODE,
                                         "--dev-dir", "/host-dev"],
                             "env": [{"name": "HWSANDBOX_IN_NODE", "value": "1"}],
                             "securityContext": {"privileged": True},
                             "volumeMounts": [
-                                {"name": "state", "mountPath": "/var/lib/hw-sandbox",
+                                {"name": "state", "mountPath": STATE_IN_NODE,
                                  "mountPropagation": "Bidirectional"},
                                 {"name": "dev", "mountPath": "/host-dev"},
-                                {"name": "profile", "mountPath": "/etc/hw-sandbox"},
                             ],
                         }],
                         "volumes": [
-                            {"name": "state", "hostPath": {"path": "/var/lib/hw-sandbox",
+                            {"name": "state", "hostPath": {"path": STATE_IN_NODE,
                                                            "type": "DirectoryOrCreate"}},
                             {"name": "dev", "hostPath": {"path": "/dev"}},
-                            {"name": "profile", "configMap": {"name": "hw-sandbox-profile"}},
                         ],
                     },
                 },

@@ -25,6 +25,7 @@ from sandbox.agent import start_node, unmount, wait_node
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.fakehw.control import ControlClient
 from sandbox.kubelet.status import read_status
+from sandbox.profile import spec
 from sandbox.profile.spec import Cluster, NodeSpec
 from sandbox.runtimes.base import (
     NodeStatus,
@@ -193,13 +194,17 @@ class _Up:
             write_record(self.state_dir, self.record)
 
     def mounts(self) -> None:
+        # Every server serves the spec resolved here, not its own reading of the profile.
+        spec_file = self.state_dir / "spec.json"
+        spec_file.write_text(spec.dump(self.cluster))
+        self.record["spec"] = str(spec_file)
         starting = {}
         for node in self.cluster.nodes:
             d = node_dir(self.state_dir, node.name)
             self.progress(f"{node.name}: mounting fake /sys, /dev, /proc at {d / 'root'}")
             starting[node.name] = start_node(
-                self.profile_path, node.base_name, d / "root", index=node.index, state_dir=d,
-                log_file=d / "mount.log")
+                None, node.base_name, d / "root", index=node.index, state_dir=d,
+                log_file=d / "mount.log", spec_file=spec_file)
             self._procs(node.name)["mount"] = starting[node.name].to_json()
         write_record(self.state_dir, self.record)
         for node in self.cluster.nodes:

@@ -47,7 +47,7 @@ def test_bundled_manifest_passes_server_side_validation(native_cluster: NativeCl
 def test_agent_manifests_pass_server_side_validation(native_cluster: NativeCluster,
                                                      profile: Path) -> None:
     cluster = load_profile(profile).cluster
-    docs = agent_manifests(cluster, profile.read_text())
+    docs = agent_manifests(cluster)
     # The namespace must exist for the namespaced objects to be dry-run against it.
     _dry_run_create_namespace(native_cluster)
     out = _dry_run(native_cluster, yaml.safe_dump_all(docs[1:]))

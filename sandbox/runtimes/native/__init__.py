@@ -178,7 +178,7 @@ class NativeRuntime:
         if not root.exists():  # ours alone: down removes it whole
             root.mkdir(parents=True, mode=0o700)
             (root / CREATED_MARKER).write_text("made by `sandbox up --runtime native`\n")
-        up = Up(layout, node, profile_path, ports, ip, root, self.feature_gates, progress)
+        up = Up(layout, node, ports, ip, root, self.feature_gates, progress)
         try:
             run_steps(up_steps(up, self.reference_plugin, self.dra_driver), progress)
         except BaseException:

@@ -8,6 +8,7 @@ import json
 import sys
 
 from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.profile import spec
 from sandbox.profile.spec import NodeSpec
 from sandbox.runtimes.base import Progress
 from sandbox.runtimes.native.common import Layout, kubelet_root, spawn, wait_for
@@ -36,8 +37,7 @@ def with_node_dev(layout: Layout) -> list[str]:
             "sh", str(layout.containerd / "dev-stage"), str(layout.dev)]
 
 
-def prepare_node_tree(layout: Layout, node: NodeSpec, profile_path: str,
-                      progress: Progress) -> None:
+def prepare_node_tree(layout: Layout, node: NodeSpec, progress: Progress) -> None:
     """The node's fake hardware: the lead wires the FUSE mount here.
 
     Runs before containerd starts. Mounts the node's fake root (``sys/``, ``dev/``,
@@ -46,16 +46,20 @@ def prepare_node_tree(layout: Layout, node: NodeSpec, profile_path: str,
     fake ``/dev`` character device under ``state_dir/dev`` (never in the host's /dev), all
     ``1:3`` (/dev/null), and removes them when it exits; containerd sees them under its
     /dev (``_with_node_dev``). The kubelet's own /sys stays real. Recorded in
-    ``state_dir/run`` and stopped first by ``down``.
+    ``state_dir/run`` and stopped by ``down``. The server serves ``state_dir/spec.json``:
+    the node as this process resolved it (the DRA config and the device symlinks below
+    come from the same object).
     """
     from sandbox.agent import start_node, wait_node
 
     root = layout.state / "node-root"
     progress(f"mounting {node.name}'s fake /sys, /dev, /proc at {root}")
     layout.run.mkdir(parents=True, exist_ok=True)
-    proc = start_node(profile_path, node.base_name, root, index=node.index,
+    spec_file = layout.state / "spec.json"
+    spec_file.write_text(spec.dump(node))
+    proc = start_node(None, node.base_name, root, index=node.index,
                       state_dir=layout.state / "node", log_file=layout.logs / "mount.log",
-                      dev_dir=layout.dev, extra=["--dev-map", "1:3"])
+                      dev_dir=layout.dev, extra=["--dev-map", "1:3"], spec_file=spec_file)
     proc.save(layout.run / "mount.pid")  # recorded first: a failed start is stopped by down
     try:
         wait_node(proc)

@@ -49,10 +49,10 @@ from sandbox.runtimes.steps import Step
 class Up:
     """What one ``up`` works with, and its steps' ``do``s."""
 
-    def __init__(self, layout: Layout, node: NodeSpec, profile_path: str, ports: dict[str, int],
+    def __init__(self, layout: Layout, node: NodeSpec, ports: dict[str, int],
                  host_ip: str, root: Path, feature_gates: dict[str, bool],
                  progress: Progress) -> None:
-        self.layout, self.node, self.profile_path = layout, node, profile_path
+        self.layout, self.node = layout, node
         self.ports, self.host_ip, self.root = ports, host_ip, root
         self.feature_gates, self.progress = feature_gates, progress
         self.gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(feature_gates.items()))
@@ -153,7 +153,7 @@ class Up:
 
     def node_tree(self) -> None:
         """The node's fake /sys, /dev, /proc and its device nodes for containerd."""
-        prepare_node_tree(self.layout, self.node, self.profile_path, self.progress)
+        prepare_node_tree(self.layout, self.node, self.progress)
 
     def containerd(self) -> None:
         """containerd (seeing the node's device nodes), until serving."""
