@@ -112,8 +112,11 @@ class Ctx:
         node: NodeSpec,
         states: Mapping[str, DeviceState] | None,
         only: frozenset[str] | None = None,
+        *,
+        defaults: Mapping[str, DeviceState] | None = None,
     ) -> None:
         self.node = node
+        self.given: Mapping[str, DeviceState] = states or {}
         # A partial build (``build.build_partial``) writes only what these devices' states
         # decide: their own entries, and whole every entry several devices' states decide
         # together. None: everything.
@@ -121,7 +124,11 @@ class Ctx:
         self.tree = Tree()
         self._dirs: dict[str, Dir] = {"": self.tree.root}
         self.ncpus = len(node.cpus)
-        self.states = {d.id: effective_state(d, states) for d in node.devices}
+        if defaults is not None:  # every device's effective_state(d, None), precomputed
+            self.states = dict(defaults)
+            self.states.update((k, v) for k, v in self.given.items() if k in defaults)
+        else:
+            self.states = {d.id: effective_state(d, states) for d in node.devices}
         self.kinds = {d.id: d.kind for d in node.devices}
         # NUMA node -> (local_cpus mask, local_cpulist); -1 (no node) means every CPU.
         self.locality: dict[int, tuple[str, str]] = {

@@ -11,7 +11,6 @@ import hashlib
 from sandbox.fakehw import _nvml
 from sandbox.fakehw._common import RW, Ctx
 from sandbox.fakehw._pci import PciPlan
-from sandbox.fakehw.tree import DeviceState
 from sandbox.profile import catalogue
 from sandbox.profile.spec import DeviceSpec
 
@@ -61,9 +60,8 @@ def add_nvidia(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str], plan: PciP
     # Sandbox-owned, for our NVML (docs/nvml.md): rebuilt with the tree on every change.
     # Keyed by what it reads: a change's partial builds (old and new states) and the
     # next change's reuse the text instead of formatting every GPU's line again.
-    usual = DeviceState()
-    key = ("nvml", tuple((g.id, g.address in pci, st) for g in gpus
-                         if (st := ctx.states[g.id]) != usual or g.address not in pci))
+    ids = {g.id for g in gpus}
+    key = ("nvml", tuple(sorted((k, v) for k, v in ctx.given.items() if k in ids)))
     ctx.file(_nvml.STATE_PATH, ctx.memo(
         key, lambda: _nvml.state_text(gpus, pci, ctx.states, NVIDIA_DRIVER_VERSION)))
     for dev in gpus:

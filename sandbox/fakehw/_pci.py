@@ -13,6 +13,7 @@ it; ``add_pci`` writes what is present.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from sandbox.fakehw._common import RW, WO, Ctx, fault, make_file, present
@@ -96,6 +97,8 @@ class PciPlan:
     ordinal: dict[str, int] = field(default_factory=dict)  # address -> index in functions
     pf_vfs: dict[str, list[str]] = field(default_factory=dict)  # PF -> all its VF addresses
     drivers: set[str] = field(default_factory=set)
+    by_owner: dict[str, list[PciFunction]] = field(default_factory=dict)  # device -> its own
+    groups: dict[int, list[PciFunction]] = field(default_factory=dict)  # IOMMU group -> all
 
 
 @dataclass(frozen=True)
@@ -123,7 +126,29 @@ def plan_pci(node: NodeSpec) -> PciPlan:
             plan.drivers.add(f.driver)
         if f.physfn is not None:
             plan.pf_vfs.setdefault(f.physfn, []).append(f.address)
+        if f.owner is not None:
+            plan.by_owner.setdefault(f.owner, []).append(f)
+        plan.groups.setdefault(f.iommu_group, []).append(f)
     return plan
+
+
+def present_functions(
+    functions: Iterable[PciFunction],
+    states: Mapping[str, DeviceState],
+    vf_counts: Mapping[str, int],
+) -> dict[str, str]:
+    """Address -> directory of those of ``functions`` the tree shows (as ``add_pci``
+    decides it: the owner is present, a VF is below its PF's count)."""
+    out: dict[str, str] = {}
+    for f in functions:
+        owner = f.owner
+        if owner is not None and not present(states[owner]):
+            continue
+        pf = f.physfn
+        if pf is not None and f.vf_index >= vf_counts.get(pf, 0):
+            continue
+        out[f.address] = f.path
+    return out
 
 
 def _config(f: PciFunction, bar: int, irq: int) -> bytes:
@@ -195,18 +220,30 @@ def _link(ctx: Ctx, f: PciFunction, state: DeviceState | None) -> tuple[str, str
     return AER_FATAL_CLEAN, f.link_speed, str(f.link_width)
 
 
-def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str]:
-    """Write every present function; returns address -> directory of what it wrote."""
+def add_pci(
+    ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int], present_map: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Write every present function; returns address -> directory of what it wrote.
+
+    A partial build (``ctx.only``) passes ``present_map``, every present function of the
+    node (``present_functions``), and writes only its devices' functions and, whole,
+    their IOMMU groups; it returns ``present_map``."""
     node = ctx.node
     out: dict[str, str] = {}
     groups: dict[int, list[str]] = {}
     only = ctx.only
     partial = only is not None
-    if not partial:
+    functions: Iterable[PciFunction] = plan.functions
+    if only is not None:
+        assert present_map is not None
+        out = present_map
+        functions = sorted((f for d in only for f in plan.by_owner.get(d, ())),
+                           key=lambda f: plan.ordinal[f.address])  # fmt: skip
+    else:
         for hb in node.host_bridges:
             ctx.file(f"sys/devices/{hb.name}/uevent", "")
     written: set[int] = set()  # IOMMU groups with a function written by this build
-    for f in plan.functions:
+    for f in functions:
         addr = f.address
         owner = f.owner
         state = ctx.states[owner] if owner is not None else None
@@ -216,10 +253,9 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
         if pf is not None and f.vf_index >= vf_counts.get(pf, 0):
             continue
         path = f.path
-        out[addr] = path
-        groups.setdefault(f.iommu_group, []).append(addr)
-        if only is not None and (owner is None or owner not in only):
-            continue  # present, but another device's (or the node's own bridge)
+        if not partial:
+            out[addr] = path
+            groups.setdefault(f.iommu_group, []).append(addr)
         written.add(f.iommu_group)
         ordinal = plan.ordinal[addr]
         bridge = f.class_code == BRIDGE_CLASS
@@ -277,7 +313,9 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
             ctx.link(f"{path}/physfn", plan.functions[plan.ordinal[pf]].path)
     # SR-IOV capability files on present PFs, virtfnN links to present VFs.
     for pf_addr, vfs in plan.pf_vfs.items():
-        if pf_addr not in out or not ctx.emits(plan.functions[plan.ordinal[pf_addr]].owner):
+        if pf_addr not in out or (
+            partial and not ctx.emits(plan.functions[plan.ordinal[pf_addr]].owner)
+        ):
             continue
         vf_device = plan.functions[plan.ordinal[vfs[0]]].device_id
         n = vf_counts.get(pf_addr, 0)
@@ -295,9 +333,9 @@ def add_pci(ctx: Ctx, plan: PciPlan, vf_counts: dict[str, int]) -> dict[str, str
         ctx.file(f"{pf_path}/sriov_drivers_autoprobe", "1\n", RW)
         for v in range(n):
             ctx.link(f"{pf_path}/virtfn{v}", out[vfs[v]])
+    if partial:  # a group is written whole, by any build that writes one member
+        groups = {g: [m.address for m in plan.groups[g] if m.address in out] for g in written}
     for group, members in groups.items():
-        if group not in written:
-            continue  # a group is written whole, by any build that writes one member
         base = f"{GROUPS}/{group}"
         ctx.files(
             base,
