@@ -11,6 +11,7 @@
     │   └── AllocationError      an allocation failed, as the kubelet would fail the pod
     │       └── TopologyAffinityError  the TopologyManager policy rejected the request
     ├── RuntimeBackendError      a runtime (local, native, kind) failed at a named step
+    ├── NvmlBuildError           our NVML library cannot be built (no gcc, or gcc failed)
     └── CommandError             an external command failed; carries argv and output
 
 Anything else escaping to the CLI is a bug and is allowed to crash loudly.
@@ -92,6 +93,10 @@ class RuntimeBackendError(SandboxError):
         self.step = step
         self.message = message
         super().__init__(f"{step}: {message}")
+
+
+class NvmlBuildError(SandboxError):
+    """Our libnvidia-ml.so.1 (sandbox.nvml) cannot be built; the message says how to fix it."""
 
 
 class CommandError(SandboxError):

@@ -6,6 +6,7 @@ facts, so NVIDIA's unmodified device plugin and gpu-feature-discovery run on fak
 the library reads is written by ``sandbox.fakehw._nvml``. See docs/nvml.md.
 """
 
-from sandbox.nvml.build import LIBRARY_NAME, NvmlBuildError, build, library_dir
+from sandbox.errors import NvmlBuildError
+from sandbox.nvml.build import LIBRARY_NAME, build, library_dir
 
 __all__ = ["LIBRARY_NAME", "NvmlBuildError", "build", "library_dir"]

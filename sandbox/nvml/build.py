@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sandbox.errors import NvmlBuildError
+
 SOURCE = Path(__file__).with_name("nvml.c")
 ENTRYPOINTS = Path(__file__).with_name("entrypoints.txt")
 LIBRARY_NAME = "libnvidia-ml.so.1"
@@ -24,10 +26,6 @@ CFLAGS = ("-shared", "-fPIC", "-O2", "-pthread", "-fvisibility=hidden", "-Wall",
           "-Werror", f"-Wl,-soname,{LIBRARY_NAME}", "-Wl,--no-undefined")  # fmt: skip
 INSTALL_HINT = "gcc is needed to build hw-sandbox's NVML library: apt-get install gcc libc6-dev"
 _IMPLEMENTED = re.compile(r"^API\s+[\w\s\*]+?\b(nvml\w+)\s*\(", re.MULTILINE)
-
-
-class NvmlBuildError(Exception):
-    """The library could not be built; the message says why and how to fix it."""
 
 
 def cache_root() -> Path:
