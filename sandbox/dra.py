@@ -10,6 +10,7 @@ driver's own discovery and slice building on it (no cluster). Used by the native
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Collection
 from typing import Any
 
 from hwplugins.dra import ConfigError, build_pool, config_from_devices, discover, parse_config
@@ -46,9 +47,10 @@ def driver_config(node: NodeSpec) -> dict[str, Any]:
         raise SandboxError(str(exc)) from exc
 
 
-def node_slices(node: NodeSpec, compatibility_groups: bool = False) -> list[dict[str, Any]]:
+def node_slices(node: NodeSpec, compatibility_groups: bool = False,
+                skip_node_operations: Collection[str] = ()) -> list[dict[str, Any]]:  # fmt: skip
     config = parse_config(driver_config(node))
     with tempfile.TemporaryDirectory(prefix="hwsb-dra-") as tmp:
         render(build_tree(node), tmp, force=True)
-        pool = build_pool(discover(tmp), config, compatibility_groups)
+        pool = build_pool(discover(tmp), config, compatibility_groups, skip_node_operations)
     return make_slices(pool, node.name)

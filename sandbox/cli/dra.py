@@ -14,6 +14,7 @@ import json
 import sys
 
 import yaml
+from hwplugins.dra.slices import TYPES
 
 from sandbox.dra import driver_config, node_slices
 from sandbox.errors import SandboxError
@@ -31,6 +32,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         q.add_argument("--node", metavar="NAME", help="node (replica); default: the first")
     s.add_argument("--compatibility-groups", action="store_true",
                    help="offer every partition mode (needs DRADeviceCompatibilityGroups)")
+    s.add_argument("--skip-node-operations", metavar="TYPES", default="",
+                   help="comma-separated device types for the control plane only "
+                   "(needs DRAOptionalNodeOperations)")
     c.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     p.set_defaults(func=run)
 
@@ -48,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
         else:
             yaml.safe_dump(data, sys.stdout, sort_keys=False)
         return 0
-    yaml.safe_dump_all(node_slices(node, args.compatibility_groups), sys.stdout,
+    skip = [t for t in args.skip_node_operations.split(",") if t]
+    unknown = sorted(set(skip) - set(TYPES))
+    if unknown:
+        raise SandboxError(f"--skip-node-operations: unknown type(s) {', '.join(unknown)} "
+                           f"(known: {', '.join(TYPES)})")  # fmt: skip
+    yaml.safe_dump_all(node_slices(node, args.compatibility_groups, skip), sys.stdout,
                        sort_keys=False)  # fmt: skip
     return 0

@@ -87,11 +87,30 @@ class ControlPlane:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
+    def start_scheduler(self, gates: Mapping[str, bool]) -> None:
+        """(Re)start kube-scheduler with ``gates`` (the apiserver keeps its own): version
+        skew between the components, as in a cluster being upgraded."""
+        old = self.procs.pop("kube-scheduler", None)
+        if old is not None:
+            _stop(old)
+        kc = str(self.kubeconfig)
+        _spawn(self, "kube-scheduler", [
+            str(bin_dir() / "kube-scheduler"), f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+            "--bind-address=127.0.0.1", f"--secure-port={_free_port()}",
+            "--leader-elect=false", *_gate_args(gates),
+        ])  # fmt: skip
+
     def check_running(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
                 pytest.fail(f"{name} exited ({proc.returncode}):\n{self.log(name)}",
                             pytrace=False)  # fmt: skip
+
+
+def _gate_args(gates: Mapping[str, bool]) -> list[str]:
+    flag = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
+    return [f"--feature-gates={flag}"] if flag else []
 
 
 def _spawn(cp: ControlPlane, name: str, argv: list[str]) -> None:
@@ -148,8 +167,7 @@ def control_plane(gates: Mapping[str, bool] | None = None,
             "users": [{"name": "t", "user": {"token": token}}],
             "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
         }))  # fmt: skip
-        gate_flag = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(cp.gates.items()))
-        gate_args = [f"--feature-gates={gate_flag}"] if gate_flag else []
+        gate_args = _gate_args(cp.gates)
         _spawn(cp, "etcd", [
             str(b / "etcd"), "--data-dir", str(d / "etcd"),
             "--listen-client-urls", f"http://127.0.0.1:{etcd}",
@@ -183,16 +201,11 @@ def control_plane(gates: Mapping[str, bool] | None = None,
         _wait(cp, "resource.k8s.io/v1", lambda: client.ResourceV1Api(api)
               .list_device_class() is not None, 30)  # fmt: skip
         if scheduler:
-            kc = str(cp.kubeconfig)
-            _spawn(cp, "kube-scheduler", [
-                str(b / "kube-scheduler"), f"--kubeconfig={kc}",
-                f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-                "--bind-address=127.0.0.1", f"--secure-port={_free_port()}",
-                "--leader-elect=false", *gate_args,
-            ])  # fmt: skip
+            cp.start_scheduler(cp.gates)
             _spawn(cp, "kube-controller-manager", [
-                str(b / "kube-controller-manager"), f"--kubeconfig={kc}",
-                f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+                str(b / "kube-controller-manager"), f"--kubeconfig={cp.kubeconfig}",
+                f"--authentication-kubeconfig={cp.kubeconfig}",
+                f"--authorization-kubeconfig={cp.kubeconfig}",
                 "--bind-address=127.0.0.1", f"--secure-port={_free_port()}",
                 "--leader-elect=false", "--controllers=resourceclaim-controller", *gate_args,
             ])  # fmt: skip
@@ -205,8 +218,10 @@ def control_plane(gates: Mapping[str, bool] | None = None,
         shutil.rmtree(d, ignore_errors=True)
 
 
-def add_node(api: client.ApiClient, name: str) -> None:
-    """A Node object with room for pods and no kubelet behind it: enough for scheduling."""
+def add_node(api: client.ApiClient, name: str, declared_features: list[str] | None = None) -> None:
+    """A Node object with room for pods and no kubelet behind it: enough for scheduling.
+    ``declared_features``: what a kubelet would report in ``status.declaredFeatures`` (a
+    1.37 kubelet lists the node features it has enabled, e.g. DRAOptionalNodeOperations)."""
     core = client.CoreV1Api(api)
     res = {"cpu": "64", "memory": "512Gi", "pods": "110"}
     core.create_node({"apiVersion": "v1", "kind": "Node",
@@ -214,18 +229,22 @@ def add_node(api: client.ApiClient, name: str) -> None:
     core.patch_node_status(name, {"status": {
         "capacity": res, "allocatable": res,
         "conditions": [{"type": "Ready", "status": "True", "reason": "Fake",
-                        "message": "no kubelet: scheduling only"}]}})  # fmt: skip
+                        "message": "no kubelet: scheduling only"}],
+        "declaredFeatures": declared_features or []}})  # fmt: skip
     # The apiserver's admission marks a new node not-ready; no node lifecycle controller
     # runs here to clear that taint (nor to add it back).
     core.patch_node(name, {"spec": {"taints": None}})
 
 
 def apply_file(api: client.ApiClient, path: Path, namespace: str = "default") -> None:
-    """Create every resource.k8s.io object of a YAML file (DeviceClasses, templates)."""
+    """Create every object of a YAML file (DeviceClasses, claims, templates, Pods)."""
     objects = client.CustomObjectsApi(api)
     plurals = {"DeviceClass": "deviceclasses", "ResourceClaimTemplate": "resourceclaimtemplates",
                "ResourceClaim": "resourceclaims"}  # fmt: skip
     for doc in yaml.safe_load_all(path.read_text()):
+        if doc["kind"] == "Pod":
+            client.CoreV1Api(api).create_namespaced_pod(namespace, doc)
+            continue
         group, version = doc["apiVersion"].split("/")
         plural = plurals[doc["kind"]]
         if doc["kind"] == "DeviceClass":

@@ -1,149 +1,55 @@
 """The driver's slices allocated by the REAL kube-scheduler (v1.37, default feature gates).
 
 A real etcd, kube-apiserver, kube-scheduler and kube-controller-manager (resourceclaim
-controller) run; two Node objects stand in for kubelets (allocation needs none: the
-scheduler writes ``status.allocation`` and binds the pod even if it never runs). The driver
-runs as its own process against rendered trees and publishes the pools:
+controller) run; Node objects stand in for kubelets (allocation needs none: the scheduler
+writes ``status.allocation`` and binds the pod even if it never runs). The driver runs as
+its own process per node against a rendered tree and publishes the node's pool
+(``tests/dra/cluster.py``):
 
 - ``mig-worker`` (profiles/mig-partitions.yaml): four partitionable A100 80GB;
-- ``dra-worker`` (tests/data/dra-nic-gpu.yaml): a 10G NIC with consumable bandwidth.
+- ``dra-worker`` (tests/data/dra-nic-gpu.yaml): a 10G NIC with consumable bandwidth and an
+  A100 with two partition modes; its driver runs with ``--compatibility-groups``, which
+  this apiserver (alpha gate off) silently drops (version skew; see
+  test_scheduler_alpha.py for the gate on);
+- ``net-worker`` (profiles/sriov-rdma.yaml): four multi-allocatable NICs on two NUMA nodes;
+- ``fallback-worker`` (tests/data/dra-two-gpus.yaml): two partitionable A100.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import tempfile
-import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client
+import yaml
 
-from sandbox.dra import driver_config
-from sandbox.fakehw.build import build_tree
-from sandbox.fakehw.render import render
-from sandbox.profile import load_profile
-from tests.dra.controlplane import ControlPlane, add_node, apply_file, control_plane
+from tests.dra.cluster import DRIVER, NS, REPO, Cluster, Node, attr, cel
+from tests.dra.cluster import cluster as start
+from tests.dra.cluster import name as _name
 
-REPO = Path(__file__).resolve().parents[2]
-GROUP, VERSION, NS = "resource.k8s.io", "v1", "default"
-DRIVER = "dra.hwsandbox.dev"
-NODES = {"mig-worker": "profiles/mig-partitions.yaml", "dra-worker": "tests/data/dra-nic-gpu.yaml"}
-
-
-@dataclass
-class Cluster:
-    cp: ControlPlane
-    api: client.ApiClient
-    objects: client.CustomObjectsApi
-    core: client.CoreV1Api
-    drivers: list[subprocess.Popen[bytes]]
-    roots: dict[str, Path]
-
-    def claim(self, name: str, request: dict[str, Any]) -> None:
-        self.objects.create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
-            "metadata": {"name": name},
-            "spec": {"devices": {"requests": [{"name": "r", "exactly": request}]}},
-        })  # fmt: skip
-
-    def pod(self, name: str, node: str, claim: str | None = None,
-            template: str | None = None) -> None:  # fmt: skip
-        ref = {"resourceClaimName": claim} if claim else {"resourceClaimTemplateName": template}
-        self.core.create_namespaced_pod(NS, {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": node},
-                "resourceClaims": [{"name": "c", **ref}],
-                "containers": [{"name": "main", "image": "registry.invalid/pause:never-pulled",
-                                "resources": {"claims": [{"name": "c"}]}}],
-            },
-        })  # fmt: skip
-
-    def get_claim(self, name: str) -> dict[str, Any]:
-        claim: dict[str, Any] = self.objects.get_namespaced_custom_object(
-            GROUP, VERSION, NS, "resourceclaims", name)
-        return claim
-
-    def wait(self, what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.cp.check_running()
-            for proc in self.drivers:
-                assert proc.poll() is None, "the DRA driver exited"
-            value = check()
-            if value:
-                return value
-            time.sleep(0.3)
-        pytest.fail(f"timed out waiting for {what}\n--- kube-scheduler log ---\n"
-                    f"{self.cp.log('kube-scheduler')}", pytrace=False)  # fmt: skip
-
-    def allocated(self, claim: str) -> list[dict[str, Any]]:
-        """The claim's allocation results, once the scheduler wrote them."""
-        results: list[dict[str, Any]] = self.wait(
-            f"claim {claim} allocated",
-            lambda: ((self.get_claim(claim).get("status") or {}).get("allocation") or {})
-            .get("devices", {}).get("results"),
-        )  # fmt: skip
-        return results
-
-    def unschedulable(self, pod: str) -> str:
-        def check() -> str | None:
-            status = self.core.read_namespaced_pod(pod, NS).status
-            for cond in status.conditions or []:
-                if cond.type == "PodScheduled" and cond.reason == "Unschedulable":
-                    return str(cond.message)
-            return None
-
-        message: str = self.wait(f"pod {pod} Unschedulable", check)
-        return message
-
-    def delete(self, pod: str, claim: str) -> None:
-        self.core.delete_namespaced_pod(pod, NS, grace_period_seconds=0)
-        self.objects.delete_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", claim)
+NODES = {
+    "mig-worker": Node("profiles/mig-partitions.yaml"),
+    "dra-worker": Node("tests/data/dra-nic-gpu.yaml", ["--compatibility-groups"]),
+    "net-worker": Node("profiles/sriov-rdma.yaml"),
+    "fallback-worker": Node("tests/data/dra-two-gpus.yaml"),
+}
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    with control_plane(scheduler=True) as cp, tempfile.TemporaryDirectory(
-            prefix="hwsb-sched-") as tmp:  # fmt: skip
-        api = cp.api()
-        objects = client.CustomObjectsApi(api)
-        core = client.CoreV1Api(api)
-        apply_file(api, REPO / "examples/dra/deviceclasses.yaml")
-        apply_file(api, REPO / "examples/dra/mig-partitions.yaml")
-        drivers: list[subprocess.Popen[bytes]] = []
-        c = Cluster(cp, api, objects, core, drivers, {})
-        try:
-            for name, profile in NODES.items():
-                add_node(api, name)
-                spec = load_profile(str(REPO / profile)).cluster.node(name)
-                assert spec is not None
-                root = c.roots[name] = Path(tmp) / name
-                render(build_tree(spec), root)
-                (Path(tmp) / f"{name}.json").write_text(json.dumps(driver_config(spec)))
-                log = (Path(tmp) / f"{name}.log").open("wb")
-                drivers.append(subprocess.Popen(
-                    [sys.executable, "-m", "hwplugins.dra", "--root", str(root),
-                     "--node-name", name, "--kubeconfig", str(cp.kubeconfig),
-                     "--config", str(Path(tmp) / f"{name}.json"), "--no-kubelet-plugin",
-                     "--interval", "0.5"],
-                    stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
-                log.close()
-            c.wait("both pools published", lambda: {
-                s["spec"]["nodeName"] for s in objects.list_cluster_custom_object(
-                    GROUP, VERSION, "resourceslices")["items"]} == set(NODES))  # fmt: skip
-            yield c
-        finally:
-            for proc in drivers:
-                proc.terminate()
-                proc.wait(10)
+    with start(NODES, files=["examples/dra/deviceclasses.yaml",
+                             "examples/dra/mig-partitions.yaml"]) as c:  # fmt: skip
+        yield c
+
+
+def example_devices(path: str, claim: str) -> dict[str, Any]:
+    """``spec.devices`` of the ResourceClaim ``claim`` in an example file (so the tests
+    run exactly what a workshop applies)."""
+    for doc in yaml.safe_load_all((REPO / path).read_text()):
+        if doc["kind"] == "ResourceClaim" and doc["metadata"]["name"] == claim:
+            devices: dict[str, Any] = doc["spec"]["devices"]
+            return devices
+    raise AssertionError(f"no ResourceClaim {claim} in {path}")
 
 
 def _partition(gpu: str, profile: str) -> dict[str, Any]:
@@ -161,10 +67,6 @@ def _whole(gpu: str) -> dict[str, Any]:
 def _bdf(gpu: str) -> str:
     d, b, s, f = gpu.removeprefix("gpu-").split("-")
     return f"{d}:{b}:{s}.{f}"
-
-
-def _name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
 def test_partitions_that_fit_are_allocated_together(cluster: Cluster) -> None:
@@ -236,6 +138,98 @@ def test_nic_bandwidth_is_consumable_capacity(cluster: Cluster) -> None:
     assert not (cluster.get_claim(names[3]).get("status") or {}).get("allocation")
 
 
+def test_without_the_gate_groups_are_dropped_and_modes_mix(cluster: Cluster) -> None:
+    """Version skew, the hazard compatibility groups exist for: a driver publishing two
+    partition modes with groups (``--compatibility-groups``) to an apiserver without the
+    alpha gate. The apiserver DROPS the field, so the scheduler sees partitions of both
+    modes on one counter set with no groups, and co-allocates a MIG-like and a vGPU-like
+    partition of one GPU - which no real GPU can do. Hence the flag is off by default."""
+    gpu = "gpu-0000-02-00-0"
+    devices = [d for s in cluster.slices("dra-worker") for d in s["spec"].get("devices", [])]
+    assert {d["attributes"]["mode"]["string"] for d in devices if "mode" in d["attributes"]
+            } == {"mig", "vgpu"}  # fmt: skip
+    assert not any(c.get("compatibilityGroups") for d in devices
+                   for c in d.get("consumesCounters", []))  # fmt: skip
+    assert "dropped the fields of feature gate DRADeviceCompatibilityGroups" in (
+        cluster.logs["dra-worker"].read_text())  # the driver says so
+    claim, pod = _name("mixed"), _name("mixed")
+    cluster.claim(claim, requests=[
+        {"name": mode, "exactly": {"deviceClassName": "gpu-partition.hwsandbox.dev",
+                                   "selectors": cel(f'{attr("parent")} == "{gpu}"',
+                                                    f'{attr("mode")} == "{mode}"')}}
+        for mode in ("mig", "vgpu")])  # fmt: skip
+    cluster.pod(pod, "dra-worker", claim=claim)
+    got = {r["request"]: r["device"] for r in cluster.allocated(claim)}
+    assert got["mig"].startswith(f"{gpu}-1g-10gb-mig-"), got
+    assert got["vgpu"].startswith(f"{gpu}-1g-10gb-vgpu-"), got
+    cluster.delete(pod, claim)
+
+
+def test_distinct_attribute_forces_distinct_nics(cluster: Cluster) -> None:
+    """examples/dra/distinct-nics.yaml. Multi-allocatable NICs: without a constraint, two
+    requests of one claim get two shares of one NIC; ``distinctAttribute`` on the PCI
+    address forces two NICs, on the NUMA node one NIC per NUMA node (``count: 2``), and
+    three on distinct NUMA nodes (there are two) never fit."""
+    nic = {"deviceClassName": "nic.hwsandbox.dev", "capacity": {"requests": {"bandwidth": "10G"}}}
+    same, pod = _name("same"), _name("same")
+    cluster.claim(same, requests=[{"name": n, "exactly": nic} for n in ("eth0", "eth1")])
+    cluster.pod(pod, "net-worker", claim=same)
+    results = cluster.allocated(same)
+    assert [r["device"] for r in results] == ["nic-0000-01-00-0"] * 2, results
+    assert len({r["shareID"] for r in results}) == 2  # two shares of the one NIC
+
+    example = "examples/dra/distinct-nics.yaml"
+    claims = {_name("distinct"): example_devices(example, "two-nics"),
+              _name("numa"): example_devices(example, "two-nics-two-numa")}  # fmt: skip
+    for claim, devices in claims.items():
+        cluster.claim(claim, requests=devices["requests"], constraints=devices["constraints"])
+    cluster.pod(_name("distinct"), "net-worker", claims=list(claims))
+    distinct, numa = (cluster.allocated(c) for c in claims)
+    assert len({r["device"] for r in distinct}) == 2, distinct
+    assert all(r["consumedCapacity"] == {"bandwidth": "10G"} for r in distinct)
+    numa_of = {d["name"]: d["attributes"]["resource.kubernetes.io/numaNode"]["int"]
+               for s in cluster.slices("net-worker") for d in s["spec"].get("devices", [])}
+    assert sorted(numa_of[r["device"]] for r in numa) == [0, 1], numa
+
+    three, pod = _name("three"), _name("three")
+    cluster.claim(three, requests=[{"name": "nics", "exactly": {**nic, "count": 3}}],
+                  constraints=[{"requests": ["nics"],
+                                "distinctAttribute": "resource.kubernetes.io/numaNode"}])
+    cluster.pod(pod, "net-worker", claim=three)
+    message = cluster.unschedulable(pod)
+    assert "cannot allocate all claims" in message, message
+    assert not cluster.allocation(three)
+
+
+def test_first_available_falls_back_to_a_partition(cluster: Cluster) -> None:
+    """examples/dra/prioritized-alternatives.yaml on two A100s: a whole GPU first; with one
+    GPU whole and the other partitioned, the partition; then nothing."""
+    devices = example_devices("examples/dra/prioritized-alternatives.yaml", "gpu-or-partition")
+
+    def claim_and_pod(prefix: str) -> tuple[str, str]:
+        claim, pod = _name(prefix), _name(prefix)
+        cluster.claim(claim, requests=devices["requests"])
+        cluster.pod(pod, "fallback-worker", claim=claim)
+        return claim, pod
+
+    whole, _ = claim_and_pod("prefer")
+    [got] = cluster.allocated(whole)
+    assert got["request"] == "gpu/whole", got
+    first_gpu = got["device"]
+    other = ({"gpu-0000-01-00-0", "gpu-0000-02-00-0"} - {first_gpu}).pop()
+    small = _name("small")  # one 1g.10gb partition: the other GPU is no longer whole
+    cluster.claim(small, _partition(other, "1g.10gb"))
+    cluster.pod(small, "fallback-worker", claim=small)
+    cluster.allocated(small)
+    fallback, _ = claim_and_pod("fallback")
+    [got] = cluster.allocated(fallback)
+    assert got["request"] == "gpu/partition", got
+    assert got["device"].startswith(f"{other}-3g-40gb-"), got
+    _, pod = claim_and_pod("none")  # 1g + 3g used: 3 of 8 memory slices left, 3g needs 4
+    message = cluster.unschedulable(pod)
+    assert "cannot allocate all claims" in message, message
+
+
 def test_a_tainted_device_is_not_allocated(cluster: Cluster) -> None:
     """An AER fatal error in sysfs: the driver taints the GPU (NoExecute) at its next rescan
     and the scheduler no longer hands it out."""
@@ -245,9 +239,7 @@ def test_a_tainted_device_is_not_allocated(cluster: Cluster) -> None:
     (pci / "aer_dev_fatal").write_text("TOTAL_ERR_FATAL 1\n")
 
     def tainted() -> bool:
-        slices = cluster.objects.list_cluster_custom_object(
-            GROUP, VERSION, "resourceslices", field_selector="spec.nodeName=dra-worker")
-        return any(d["name"] == gpu and d.get("taints") for s in slices["items"]
+        return any(d["name"] == gpu and d.get("taints") for s in cluster.slices("dra-worker")
                    for d in s["spec"].get("devices", []))  # fmt: skip
 
     cluster.wait("the GPU tainted", tainted, timeout=10)

@@ -1,7 +1,8 @@
 """The reference DRA driver's ResourceSlices: built from rendered trees, judged by a REAL
 kube-apiserver (v1.37, server-side validation on create) with its default feature gates:
 DRAPartitionableDevices and DRAConsumableCapacity are beta/on, DRADeviceTaints GA.
-Compatibility groups (alpha DRADeviceCompatibilityGroups) get an apiserver of their own.
+Compatibility groups and optional node operations (alpha DRADeviceCompatibilityGroups,
+DRAOptionalNodeOperations) get an apiserver of their own.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ def _node(profile: Path | str, name: str | None = None) -> NodeSpec:
 
 
 def _pool_slices(node: NodeSpec, states: dict[str, DeviceState] | None = None,
-                 groups: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+                 groups: bool = False, skip: tuple[str, ...] = (),
+                 ) -> list[dict[str, Any]]:  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="hwsb-dra-") as tmp:
         render(build_tree(node, states), tmp, force=True)
-        pool = build_pool(discover(tmp), parse_config(driver_config(node)), groups)
+        pool = build_pool(discover(tmp), parse_config(driver_config(node)), groups, skip)
     return resource_slices(pool, node.name)
 
 
@@ -159,17 +161,28 @@ def test_standard_attributes_and_nic_bandwidth() -> None:
     assert attrs["resource.kubernetes.io/numaNode"] == {"int": 0}
 
 
-def test_compatibility_groups_need_the_alpha_gate(apiserver: ControlPlane) -> None:
+def test_alpha_fields_need_their_gates(apiserver: ControlPlane) -> None:
+    """``--compatibility-groups`` and ``--skip-node-operations``: an apiserver with default
+    gates silently DROPS ``compatibilityGroups`` and ``skipNodeOperations`` (why both are
+    off by default); with DRADeviceCompatibilityGroups and DRAOptionalNodeOperations on,
+    the slices come back exactly as sent."""
     node = _node("tests/data/dra-nic-gpu.yaml")
-    slices = _pool_slices(node, groups=True)
+    slices = _pool_slices(node, groups=True, skip=("nic",))
     modes = {d["attributes"]["mode"]["string"] for d in _devices(slices).values()
              if "mode" in d["attributes"]}  # fmt: skip
     assert modes == {"mig", "vgpu"}
-    # Default gates: the field is silently dropped (why --compatibility-groups is off).
+    skipping = [s for s in slices if s["spec"].get("skipNodeOperations")]
+    assert [[d["name"] for d in s["spec"]["devices"]] for s in skipping] == [
+        ["nic-0000-01-00-0"]]
+    assert skipping[0]["spec"]["skipNodeOperations"] == ["*"]
+    assert _devices(skipping)["nic-0000-01-00-0"]["attributes"]["controlPlaneOnly"] == {
+        "bool": True}
     dropped = _create_all(apiserver, slices)
     assert not any("compatibilityGroups" in c for s in dropped for d in s["spec"].get(
         "devices", []) for c in d.get("consumesCounters", []))  # fmt: skip
-    with control_plane({"DRADeviceCompatibilityGroups": True}) as alpha:
+    assert not any("skipNodeOperations" in s["spec"] for s in dropped)
+    with control_plane({"DRADeviceCompatibilityGroups": True,
+                        "DRAOptionalNodeOperations": True}) as alpha:  # fmt: skip
         kept = _create_all(alpha, slices)
     for sent, got in zip(slices, kept, strict=True):
         assert _without_time_added(got["spec"]) == sent["spec"]
@@ -177,12 +190,17 @@ def test_compatibility_groups_need_the_alpha_gate(apiserver: ControlPlane) -> No
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
 def test_examples_are_accepted(apiserver: ControlPlane, example: Path) -> None:
+    """Every object of every example, created for real (server-side dry run for Pods)."""
     api = client.CustomObjectsApi(apiserver.api())
+    core = client.CoreV1Api(apiserver.api())
     for doc in yaml.safe_load_all(example.read_text()):
-        plural = {"DeviceClass": "deviceclasses",
-                  "ResourceClaimTemplate": "resourceclaimtemplates"}[doc["kind"]]  # fmt: skip
         name = doc["metadata"]["name"]
         try:
+            if doc["kind"] == "Pod":
+                core.create_namespaced_pod("default", doc, dry_run="All")
+                continue
+            plural = {"DeviceClass": "deviceclasses", "ResourceClaim": "resourceclaims",
+                      "ResourceClaimTemplate": "resourceclaimtemplates"}[doc["kind"]]  # fmt: skip
             if plural == "deviceclasses":
                 api.create_cluster_custom_object(GROUP, VERSION, plural, doc)
                 api.delete_cluster_custom_object(GROUP, VERSION, plural, name)

@@ -18,7 +18,7 @@ from hwplugins.dra.discovery import discover
 from hwplugins.dra.driver import Driver, run
 from hwplugins.dra.kubeletplugin import KubeletPlugin, ServeError
 from hwplugins.dra.publisher import Publisher, read_claim
-from hwplugins.dra.slices import DRIVER, build_pool, resource_slices
+from hwplugins.dra.slices import DRIVER, TYPES, build_pool, resource_slices
 from hwplugins.dra.state import Claims, PrepareError
 from hwplugins.watch import Rescans
 
@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--compatibility-groups", action="store_true",
                    help="offer every partition mode with compatibility groups (alpha: needs "
                    "the DRADeviceCompatibilityGroups feature gate)")  # fmt: skip
+    p.add_argument("--skip-node-operations", metavar="TYPES", default="",
+                   help="comma-separated device types (gpu, gpu-partition, nic, vf, fpga) "
+                   "published for the control plane only: slices with skipNodeOperations, "
+                   "no NodePrepare/Unprepare (alpha: needs DRAOptionalNodeOperations)")
     p.add_argument("--no-kubelet-plugin", action="store_true",
                    help="only publish slices (no sockets)")  # fmt: skip
     p.add_argument("--print-slices", action="store_true",
@@ -81,8 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    skip = [t for t in args.skip_node_operations.split(",") if t]
+    unknown = sorted(set(skip) - set(TYPES))
+    if unknown:
+        print(f"error: --skip-node-operations: unknown type(s) {', '.join(unknown)} "
+              f"(known: {', '.join(TYPES)})", file=sys.stderr)  # fmt: skip
+        return 2
     if args.print_slices:
-        pool = build_pool(discover(args.root), config, args.compatibility_groups)
+        pool = build_pool(discover(args.root), config, args.compatibility_groups, skip)
         yaml.safe_dump_all(resource_slices(pool, args.node_name), sys.stdout, sort_keys=False)
         return 0
     from kubernetes import client
@@ -101,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     driver = Driver(args.root, args.node_name, config, claims,
                     lambda ns, name: read_claim(api, ns, name),
-                    compatibility_groups=args.compatibility_groups)  # fmt: skip
+                    compatibility_groups=args.compatibility_groups,
+                    skip_node_operations=skip)  # fmt: skip
     plugin = None
     if not args.no_kubelet_plugin:
         plugin = KubeletPlugin(driver, args.plugins_dir, args.registry_dir)

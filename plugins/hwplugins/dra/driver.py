@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +33,15 @@ TICK = 0.1  # how soon a change event or a stop is acted on
 class Driver:
     def __init__(self, root: Path, node: str, config: DriverConfig, claims: Claims,
                  read_claim: Callable[[str, str], dict[str, Any]] | None = None, *,
-                 compatibility_groups: bool = False, name: str = DRIVER) -> None:  # fmt: skip
+                 compatibility_groups: bool = False, skip_node_operations: Collection[str] = (),
+                 name: str = DRIVER) -> None:  # fmt: skip
         self.root = root
         self.node = node
         self.config = config
         self.claims = claims
         self.read_claim = read_claim
         self.compatibility_groups = compatibility_groups
+        self.skip_node_operations = tuple(skip_node_operations)
         self.name = name
         self._cond = threading.Condition()
         self._pool = Pool((), ())
@@ -55,7 +57,8 @@ class Driver:
     def rescan(self, dirty: frozenset[str] | None = None) -> Pool:
         """Scan again: everything, or only the PCI functions in ``dirty``."""
         devices = from_scan(self._scanner.scan(dirty))
-        pool = build_pool(devices, self.config, self.compatibility_groups)
+        pool = build_pool(devices, self.config, self.compatibility_groups,
+                          self.skip_node_operations)  # fmt: skip
         health = [(d.name, d.source.healthy) for d in pool.devices]
         with self._cond:
             self._pool = pool

@@ -22,6 +22,30 @@ log = logging.getLogger("hwplugins.dra")
 GROUP, VERSION, SLICES = "resource.k8s.io", "v1", "resourceslices"
 
 
+_DROPPED_MEANS = {
+    "DRADeviceCompatibilityGroups": "partitions of different modes may be co-allocated on "
+    "one GPU; run without --compatibility-groups",
+    "DRAOptionalNodeOperations": "the kubelet will call NodePrepareResources for the "
+    "--skip-node-operations devices",
+}
+
+
+def dropped_alpha_fields(sent: dict[str, Any], got: dict[str, Any]) -> set[str]:
+    """The alpha feature gates whose fields ``sent`` had and the server's answer ``got``
+    lacks (an apiserver with the gate off drops them silently)."""
+    gates = set()
+    if sent["spec"].get("skipNodeOperations") and not got["spec"].get("skipNodeOperations"):
+        gates.add("DRAOptionalNodeOperations")
+
+    def groups(spec: dict[str, Any]) -> bool:
+        return any(c.get("compatibilityGroups") for d in spec.get("devices") or []
+                   for c in d.get("consumesCounters") or [])  # fmt: skip
+
+    if groups(sent["spec"]) and not groups(got["spec"]):
+        gates.add("DRADeviceCompatibilityGroups")
+    return gates
+
+
 class Publisher:
     def __init__(self, api: client.ApiClient, node: str, driver: str = DRIVER) -> None:
         self.objects = client.CustomObjectsApi(api)
@@ -49,12 +73,18 @@ class Publisher:
                 (int(s["spec"]["pool"]["generation"]) for s in existing.values()), default=0)
         self.generation += 1
         wanted = resource_slices(pool, self.node, self.generation, self.driver)
+        dropped: set[str] = set()
         for obj in wanted:
             name = obj["metadata"]["name"]
             if name in existing:
-                self.objects.replace_cluster_custom_object(GROUP, VERSION, SLICES, name, obj)
+                got = self.objects.replace_cluster_custom_object(GROUP, VERSION, SLICES, name,
+                                                                 obj)  # fmt: skip
             else:
-                self.objects.create_cluster_custom_object(GROUP, VERSION, SLICES, obj)
+                got = self.objects.create_cluster_custom_object(GROUP, VERSION, SLICES, obj)
+            dropped |= dropped_alpha_fields(obj, got)
+        for gate in sorted(dropped):
+            log.warning("the API server dropped the fields of feature gate %s from our slices "
+                        "(gate off there): %s", gate, _DROPPED_MEANS[gate])  # fmt: skip
         names = {o["metadata"]["name"] for o in wanted}
         for name in sorted(set(existing) - names):
             try:

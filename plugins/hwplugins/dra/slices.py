@@ -17,6 +17,11 @@ Layout of a pool (one per node, named after the node):
 - NIC physical functions allow multiple allocations and offer ``bandwidth`` (bits/s) as
   consumable capacity (default 1G per claim, any multiple of 1M up to the link speed).
 - Unhealthy devices carry a taint ``hwsandbox.dev/unhealthy=<reason>`` (see discovery).
+- Devices of the types in ``skip_node_operations`` (alpha, gate DRAOptionalNodeOperations)
+  go to slices of their own with ``skipNodeOperations: ["*"]``: the control plane allocates
+  them and the kubelet calls neither NodePrepareResources nor NodeUnprepareResources (the
+  field is per slice). They carry the attribute ``controlPlaneOnly: true`` so a DeviceClass
+  can select them.
 
 Attributes: the standard ``resource.kubernetes.io/{pciBusID,pcieRoot,numaNode}`` plus, in
 the driver's domain, ``type`` (gpu | gpu-partition | nic | vf | fpga), ``vendor``,
@@ -25,8 +30,8 @@ the driver's domain, ``type`` (gpu | gpu-partition | nic | vf | fpga), ``vendor`
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hwplugins.dra.config import EMPTY, DriverConfig, PartitionProfile
@@ -35,6 +40,7 @@ from hwplugins.dra.discovery import NO_EXECUTE, AttrValue, Device, dns_label
 DRIVER = "dra.hwsandbox.dev"
 API_VERSION = "resource.k8s.io/v1"
 TAINT_KEY = "hwsandbox.dev/unhealthy"
+TYPES = ("gpu", "gpu-partition", "nic", "vf", "fpga")
 STANDARD = "resource.kubernetes.io/"
 MAX_DEVICES_PER_SLICE = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
@@ -52,6 +58,7 @@ class PoolDevice:
     body: Mapping[str, Any]  # the resource.k8s.io/v1 Device
     profile: PartitionProfile | None = None
     mode: str = ""
+    skip_node_operations: bool = False  # laid out in a slice with skipNodeOperations
 
 
 @dataclass(frozen=True)
@@ -193,11 +200,20 @@ def _nic(dev: Device) -> PoolDevice:
     return PoolDevice(dev.name, dev.kind, dev, body)
 
 
+def _control_plane_only(dev: PoolDevice) -> PoolDevice:
+    attrs = {**dev.body["attributes"], "controlPlaneOnly": _attr(True)}
+    body = {**dev.body, "attributes": dict(sorted(attrs.items()))}
+    return replace(dev, body=body, skip_node_operations=True)
+
+
 def build_pool(devices: Sequence[Device], config: DriverConfig = EMPTY,
-               compatibility_groups: bool = False) -> Pool:  # fmt: skip
+               compatibility_groups: bool = False,
+               skip_node_operations: Collection[str] = ()) -> Pool:  # fmt: skip
     """What the node offers. ``compatibility_groups`` (alpha in 1.37, gate
     DRADeviceCompatibilityGroups) offers every partition mode of a GPU, each partition in
-    the group of its mode, so modes never mix on one GPU; off, only the first mode."""
+    the group of its mode, so modes never mix on one GPU; off, only the first mode.
+    ``skip_node_operations``: device types (e.g. ``vf``) published for the control plane
+    only (alpha in 1.37, gate DRAOptionalNodeOperations; see the module doc)."""
     counter_sets: list[Mapping[str, Any]] = []
     out: list[PoolDevice] = []
     for dev in devices:
@@ -214,6 +230,8 @@ def build_pool(devices: Sequence[Device], config: DriverConfig = EMPTY,
             if not dev.healthy:
                 body["taints"] = _taints(dev)
             out.append(PoolDevice(dev.name, dev.kind, dev, body))
+    skip = set(skip_node_operations)
+    out = [_control_plane_only(d) if d.type in skip else d for d in out]
     return Pool(tuple(counter_sets), tuple(out))
 
 
@@ -226,8 +244,14 @@ def slice_specs(pool: Pool, node: str, driver: str = DRIVER) -> list[dict[str, A
     specs: list[dict[str, Any]] = []
     for sets in _chunks(pool.counter_sets, MAX_COUNTER_SETS_PER_SLICE):
         specs.append({"driver": driver, "nodeName": node, "sharedCounters": list(sets)})
-    for devs in _chunks(pool.devices, MAX_DEVICES_PER_SLICE):
-        specs.append({"driver": driver, "nodeName": node, "devices": [d.body for d in devs]})
+    for skip in (False, True):
+        devices = [d for d in pool.devices if d.skip_node_operations == skip]
+        for devs in _chunks(devices, MAX_DEVICES_PER_SLICE):
+            spec: dict[str, Any] = {"driver": driver, "nodeName": node,
+                                    "devices": [d.body for d in devs]}  # fmt: skip
+            if skip:
+                spec["skipNodeOperations"] = ["*"]
+            specs.append(spec)
     if not specs:  # an empty pool still tells the scheduler "nothing here"
         specs.append({"driver": driver, "nodeName": node})
     return specs
