@@ -48,7 +48,7 @@ _INVALIDATE_IGNORED = (errno.ENOENT, errno.ENOTDIR)
 # pyfuse3 built with scripts/pyfuse3-hwsandbox.patch passes the inode to read/readdir when
 # the kernel runs without OPEN/OPENDIR (fh 0), and can request FUSE_CAP_CACHE_SYMLINKS.
 FAST_MODE_AVAILABLE = getattr(pyfuse3, "HWSANDBOX_PATCH", 0) >= 1
-_LISTINGS = 64  # directory listings kept for readdir continuations in fast mode
+_LISTED = 20_000  # directory entries kept in listings for readdir continuations (fast mode)
 _OFF_BITS = 32  # a fast-mode readdir offset is (listing number << 32) | position
 
 
@@ -75,6 +75,7 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         # fast mode: listing number -> the listing a readdir started (offsets stay valid
         # across changes, as with a listing taken at opendir); oldest dropped first.
         self._listings: dict[int, list[tuple[bytes, str, Entry]]] = {}
+        self._listed = 0  # entries in self._listings
         self._next_listing = 1
         self._rdev_map = os.makedev(*dev_map) if dev_map is not None else None
         self._ino: dict[tuple[str, Kind], int] = {("", "dir"): pyfuse3.ROOT_INODE}
@@ -219,8 +220,9 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
             number = self._next_listing
             self._next_listing += 1
             self._listings[number] = listing
-            while len(self._listings) > _LISTINGS:
-                del self._listings[next(iter(self._listings))]
+            self._listed += len(listing)
+            while self._listed > _LISTED and len(self._listings) > 1:  # oldest first
+                self._listed -= len(self._listings.pop(next(iter(self._listings))))
             if off:  # the listing it continued was dropped: go on in today's listing
                 start = min(start, len(listing))
         base = number << _OFF_BITS
@@ -228,7 +230,8 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
             name, path, entry = listing[i]
             if not pyfuse3.readdir_reply(token, name, self._attrs(path, entry), base + i + 1):
                 return
-        self._listings.pop(number, None)  # read to the end: not continued again
+        # Kept after the last entry too: the kernel asks once more, past the end, and must
+        # get nothing from the same listing.
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
