@@ -9,8 +9,9 @@ Prints stat+read of every file with os-level calls, cold (first pass on a fresh 
 best of --rounds mounts) and cached (best of --rounds later passes), against a copy
 written to /dev/shm (rounds interleaved, so load on the machine hits both alike); the
 second pass of real readers (lstopo, lspci -vnn, find+cat over sys/ and proc/), best of
-3 x --rounds (process start-up is most of their time), against the same on the copy; and fault-to-visible latency: from sending a
-control request to the moment a fresh open()/listdir() in this process sees the change.
+3 x --rounds (process start-up is most of their time), against the same on the copy;
+and fault-to-visible latency: from sending a control request to the moment a fresh
+open()/listdir() in this process sees the change.
 Targets (issue 16): cached <= 2x, cold <= 20x, readers <= 1.2x tmpfs, visible <= 10 ms.
 Says whether the server ran in its no-open fast mode (the patched pyfuse3).
 """
