@@ -16,6 +16,7 @@ class PluginManifest:
     kind: str  # device-plugin | dra-driver
     shows: str
     profiles: str
+    nvml: bool = False  # its pods load our libnvidia-ml.so.1 from each node (docs/nvml.md)
 
     def text(self) -> str:
         repo = Path(__file__).resolve().parents[1] / "plugins" / "manifests" / self.file
@@ -41,7 +42,7 @@ PLUGINS = (
                    "intel-flex-sriov"),
     PluginManifest("nvidia-device-plugin", "nvidia-device-plugin.yaml", "device-plugin",
                    "NVIDIA's plugin and gpu-feature-discovery, unmodified, through our NVML"
-                   " (docs/nvml.md)", "8gpu-2numa (any NVIDIA profile)"),
+                   " (docs/nvml.md)", "8gpu-2numa (any NVIDIA profile)", nvml=True),
     PluginManifest("amd-rocm-plugin", "amd-rocm-plugin.yaml", "device-plugin",
                    "AMD's ROCm plugin: amdgpu driver dirs and KFD topology", "amd-mi300x"),
     PluginManifest("dra-example-driver", "dra-example-driver.yaml", "dra-driver",

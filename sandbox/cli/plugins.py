@@ -45,6 +45,15 @@ def run(args: argparse.Namespace) -> int:
         raise SandboxError(
             f"sandbox {session.name!r} runs the {session.runtime} runtime, which has no API "
             "server to deploy to; use --runtime native or kind")
+    if plugin.nvml:
+        if session.runtime != "kind":
+            raise SandboxError(
+                f"{plugin.name} runs in pods on kind (its pods load our NVML from each node); "
+                "on the native runtime run it outside a pod, as docs/nvml.md shows")
+        from sandbox.runtimes.kindapi import install_nvml
+
+        for path in install_nvml(session.state_dir):
+            print(f"our NVML for the node's pods: {path}")
     argv = ["kubectl", "--kubeconfig", str(kubeconfig), "apply", "-f", "-"]
     result = subprocess.run(argv, input=plugin.text(), text=True, capture_output=True,
                             check=False)

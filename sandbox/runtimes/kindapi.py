@@ -8,10 +8,12 @@ rest are small API helpers for the runtime's steps.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import RuntimeBackendError
+from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile.spec import Cluster
 from sandbox.runtimes.agentimage import IMAGE
 from sandbox.runtimes.kindconfig import NODE_LABEL
@@ -125,3 +127,21 @@ def fail_on_broken_pods(api: Any, namespace: str, selector: str, step: str) -> N
                     step, f"pod {namespace}/{pod.metadata.name} on {pod.spec.node_name}: "
                     f"{waiting.reason}{': ' + detail[0] if detail else ''}"
                     f"{' (last log: ' + logs + ')' if logs else ''}")
+
+
+def install_nvml(state_dir: Path) -> list[Path]:
+    """Our libnvidia-ml.so.1 (built here) where NVIDIA's pods mount it from: each node's
+    /var/lib/hw-sandbox/nvml, which is ``<state>/nodes/<replica>/nvml`` on this host (the
+    kind config's extraMount). Returns the files written."""
+    from sandbox.nvml import build
+
+    if sys.platform != "linux":
+        raise SandboxError("building our NVML for Linux nodes needs a Linux host with gcc")
+    lib = build()
+    placed = []
+    for node_dir in sorted((state_dir / "nodes").iterdir()):
+        if node_dir.is_dir() and not node_dir.is_symlink():
+            (node_dir / "nvml").mkdir(exist_ok=True)
+            shutil.copy2(lib, node_dir / "nvml" / lib.name)
+            placed.append(node_dir / "nvml" / lib.name)
+    return placed

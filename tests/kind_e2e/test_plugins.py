@@ -94,3 +94,85 @@ def test_dra_driver_allocates_a_mig_partition(
     assert claims[0]["status"]["reservedFor"][0]["name"] == "mig-pod"
     print(f"claim allocated {results[0]['pool']}/{results[0]['device']}; pod runs")
     sb.kubectl("delete", "pod", "mig-pod", "--wait=true")
+
+
+NVIDIA_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
+NV_GPU = "nvidia.com/gpu"
+
+
+def _glibc(binary: Path) -> dict[str, Path]:
+    """The shared objects ``binary`` links (as ldd names them here) and the dynamic loader,
+    at the paths the binary asks for them: NVIDIA's programs are built with cgo."""
+    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True,
+                         check=True).stdout
+    files: dict[str, Path] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+            files[parts[2]] = Path(parts[2]).resolve()
+        elif parts and parts[0].startswith("/"):
+            files[parts[0]] = Path(parts[0]).resolve()
+    return files
+
+
+def _load_nvidia_image(sb: KindSandbox) -> None:
+    """NVIDIA's plugin and GFD binaries (scripts/build-plugins, unmodified) with the glibc
+    they link, as the image the bundled manifest names: the image is ours (there is no
+    registry here), the programs are NVIDIA's. No libnvidia-ml.so.1 in it, as upstream."""
+    from tests.nvidia import nvidia_binary
+
+    files: dict[str, bytes | Path] = {}
+    for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
+        binary = nvidia_binary(name)
+        files[f"/usr/bin/{name}"] = binary
+        files.update(_glibc(binary))
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "nvidia-device-plugin.oci.tar"
+        write_image(archive, NVIDIA_IMAGE,
+                    # the loader must be executable, as the kernel execs it
+                    Layer(files=files, executables=set(files), dirs={"/tmp", "/etc"}),
+                    entrypoint=["/usr/bin/nvidia-device-plugin"])
+        subprocess.run(["kind", "load", "image-archive", str(archive), "--name", sb.name],
+                       check=True, capture_output=True, env=sb.kenv.env, timeout=300)
+
+
+def test_nvidia_device_plugin_in_a_pod(sandbox_factory: Callable[..., KindSandbox]) -> None:
+    """The bundled manifest, as a user applies it: NVIDIA's plugin in a pod on the node,
+    our NVML mounted from the node, advertising the profile's 8 H100s; a fault reaches its
+    own Xid health check."""
+    from tests.nvidia import nvml_library
+
+    sb = sandbox_factory("8gpu-2numa.yaml", "hwsb-e2e-nvidia")
+    sb.kubectl("-n", "kube-system", "delete", "daemonset", "hw-sandbox-device-plugin",
+               "--wait=true")
+    sb.wait_for("the reference plugin's GPUs are gone",
+                lambda: sb.resource("gpu-worker", NV_GPU)[1] == 0, timeout=120)
+    _load_nvidia_image(sb)
+    out = sb.sandbox("plugins", "deploy", "nvidia-device-plugin", "--name", sb.name).stdout
+    # deploy put our NVML where the manifest mounts it from: the node's
+    # /var/lib/hw-sandbox/nvml, which is this host directory (kind extraMounts)
+    placed = sb.state_dir / "nodes" / "gpu-worker" / "nvml" / "libnvidia-ml.so.1"
+    assert f"our NVML for the node's pods: {placed}" in out, out
+    assert placed.read_bytes() == nvml_library().read_bytes()
+    took = sb.wait_for(f"NVIDIA's plugin advertises 8 {NV_GPU}",
+                       lambda: sb.resource("gpu-worker", NV_GPU) == (8, 8), timeout=180)
+    print(f"NVIDIA device plugin v0.18.0 in a kind pod: {NV_GPU} 8/8 after {took:.1f}s")
+    sockets = subprocess.run(["docker", "exec", f"{sb.name}-worker", "ls",
+                              "/var/lib/kubelet/device-plugins"], capture_output=True,
+                             text=True, check=True).stdout.split()
+    assert "nvidia-gpu.sock" in sockets, sockets
+    assert not [s for s in sockets if s.startswith("hwplugins-")], sockets
+    sb.sandbox("fault", "--name", sb.name, "health", "gpu-worker", "gpu3", "unhealthy",
+               "--reason", "aer-fatal")
+    took = sb.wait_for("NVIDIA's plugin marks gpu3 unhealthy (its Xid health check)",
+                       lambda: sb.resource("gpu-worker", NV_GPU) == (8, 7), timeout=60)
+    print(f"fault -> NVIDIA's plugin: allocatable 7 after {took:.1f}s")
+    # gpu-feature-discovery, from the same manifest, labels what our NVML says
+    gfd = "/etc/kubernetes/node-feature-discovery/features.d/gfd"
+    sb.wait_for("gpu-feature-discovery writes its labels", lambda: subprocess.run(
+        ["docker", "exec", f"{sb.name}-worker", "test", "-s", gfd]).returncode == 0, timeout=60)
+    labels = subprocess.run(["docker", "exec", f"{sb.name}-worker", "cat", gfd],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    for want in ("nvidia.com/gpu.count=8", "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3",
+                 "nvidia.com/gpu.memory=81920", "nvidia.com/gpu.compute.major=9"):
+        assert want in labels, labels
