@@ -7,6 +7,11 @@ after every committed change the ``Diff`` is turned into ``invalidate_entry`` /
 in flight, and requests are served by this process's trio thread), and the control reply
 is only sent once they are done.
 
+With pyfuse3 built with our patch (scripts/build-pyfuse3; ``FAST_MODE_AVAILABLE``) the
+server runs in the kernel's no-open mode (see ``_Operations``): a cached read costs no
+request at all, failed lookups and symlink targets are cached too. Without the patch,
+or with ``HWSANDBOX_FUSE_FAST=0``, every open is a round trip (OPEN stores the page).
+
 Inode numbers are allocated per (path, kind) and never reused for the life of the mount,
 so a device that is unplugged and plugged back gets the same inode numbers, and a path
 whose kind changes gets a new one (the kernel marks an inode bad if its type changes).
