@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from sandbox.dra import driver_config
@@ -37,6 +38,7 @@ class Node:
     profile: str  # relative to the repository; the node of that name in it
     driver_args: Sequence[str] = ()
     declared_features: Sequence[str] = ()
+    edit_config: Callable[[dict[str, Any]], None] | None = None  # on driver_config(node)
 
 
 @dataclass
@@ -162,7 +164,10 @@ def cluster(nodes: Mapping[str, Node], gates: Mapping[str, bool] | None = None,
                 assert spec is not None, f"no node {name} in {node.profile}"
                 root = c.roots[name] = Path(tmp) / name
                 render(build_tree(spec), root)
-                (Path(tmp) / f"{name}.json").write_text(json.dumps(driver_config(spec)))
+                config = driver_config(spec)
+                if node.edit_config is not None:
+                    node.edit_config(config)
+                (Path(tmp) / f"{name}.json").write_text(json.dumps(config))
                 c.logs[name] = Path(tmp) / f"{name}.log"
                 log = c.logs[name].open("wb")
                 c.drivers.append(subprocess.Popen(
@@ -180,6 +185,16 @@ def cluster(nodes: Mapping[str, Node], gates: Mapping[str, bool] | None = None,
             for proc in c.drivers:
                 proc.terminate()
                 proc.wait(10)
+
+
+def example_devices(path: str, claim: str) -> dict[str, Any]:
+    """``spec.devices`` of the ResourceClaim ``claim`` in an example file (so the tests
+    run exactly what a workshop applies)."""
+    for doc in yaml.safe_load_all((REPO / path).read_text()):
+        if doc["kind"] == "ResourceClaim" and doc["metadata"]["name"] == claim:
+            devices: dict[str, Any] = doc["spec"]["devices"]
+            return devices
+    raise AssertionError(f"no ResourceClaim {claim} in {path}")
 
 
 def name(prefix: str) -> str:

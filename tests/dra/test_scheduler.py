@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.dra.cluster import DRIVER, NS, REPO, Cluster, Node, attr, cel
+from tests.dra.cluster import DRIVER, NS, Cluster, Node, example_devices
 from tests.dra.cluster import cluster as start
 from tests.dra.cluster import name as _name
 
@@ -40,16 +39,6 @@ def cluster() -> Iterator[Cluster]:
     with start(NODES, files=["examples/dra/deviceclasses.yaml",
                              "examples/dra/mig-partitions.yaml"]) as c:  # fmt: skip
         yield c
-
-
-def example_devices(path: str, claim: str) -> dict[str, Any]:
-    """``spec.devices`` of the ResourceClaim ``claim`` in an example file (so the tests
-    run exactly what a workshop applies)."""
-    for doc in yaml.safe_load_all((REPO / path).read_text()):
-        if doc["kind"] == "ResourceClaim" and doc["metadata"]["name"] == claim:
-            devices: dict[str, Any] = doc["spec"]["devices"]
-            return devices
-    raise AssertionError(f"no ResourceClaim {claim} in {path}")
 
 
 def _partition(gpu: str, profile: str) -> dict[str, Any]:
@@ -153,11 +142,8 @@ def test_without_the_gate_groups_are_dropped_and_modes_mix(cluster: Cluster) -> 
     assert "dropped the fields of feature gate DRADeviceCompatibilityGroups" in (
         cluster.logs["dra-worker"].read_text())  # the driver says so
     claim, pod = _name("mixed"), _name("mixed")
-    cluster.claim(claim, requests=[
-        {"name": mode, "exactly": {"deviceClassName": "gpu-partition.hwsandbox.dev",
-                                   "selectors": cel(f'{attr("parent")} == "{gpu}"',
-                                                    f'{attr("mode")} == "{mode}"')}}
-        for mode in ("mig", "vgpu")])  # fmt: skip
+    devices = example_devices("examples/dra/compatibility-groups.yaml", "mig-and-vgpu")
+    cluster.claim(claim, requests=devices["requests"], constraints=devices["constraints"])
     cluster.pod(pod, "dra-worker", claim=claim)
     got = {r["request"]: r["device"] for r in cluster.allocated(claim)}
     assert got["mig"].startswith(f"{gpu}-1g-10gb-mig-"), got

@@ -242,3 +242,26 @@ def test_driver_manifest_is_accepted(apiserver: ControlPlane) -> None:
     config = yaml.safe_load(next(d for d in yaml.safe_load_all(manifest.read_text())
                                  if d["kind"] == "ConfigMap")["data"]["config.yaml"])  # fmt: skip
     assert parse_config(config).models == {}
+
+
+def test_compatibility_groups_of_the_config(tmp_path: Path) -> None:
+    """``partitions.compatibilityGroups`` maps a mode to its groups ([] = none); bad ones
+    are named, with no traceback, by the driver."""
+    config = driver_config(_node("tests/data/dra-nic-gpu.yaml"))
+    parts = config["models"]["10de:20b2"]["partitions"]
+    parts["compatibilityGroups"] = {"vgpu": []}
+    partitioning = parse_config(config).model("10de:20b2").partitions
+    assert partitioning is not None
+    assert partitioning.compatibility_groups("mig") == ("mig",)
+    assert partitioning.compatibility_groups("vgpu") == ()
+    parts["compatibilityGroups"] = {"mig": ["a", "b", "c"], "tpu": ["x"], "vgpu": ["Bad_"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, "-m", "hwplugins.dra", "--root", str(tmp_path),
+                           "--node-name", "n", "--config", str(tmp_path / "config.json"),
+                           "--print-slices"], capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    for where in ("compatibilityGroups['mig']: want at most 2 distinct names",
+                  "compatibilityGroups['tpu']: not one of the modes",
+                  "compatibilityGroups['vgpu']: want at most 2"):  # fmt: skip
+        assert where in proc.stderr, proc.stderr

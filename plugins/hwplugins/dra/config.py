@@ -13,6 +13,8 @@ takes that knowledge from a file (``--config``, JSON or YAML) keyed by PCI ``ven
           memorySlices: 8
           computeSlices: 7
           modes: [mig]                 # more than one: compatibility groups (alpha)
+          compatibilityGroups:         # optional, per mode (default: the mode's own name)
+            mig: [mig]                 # at most 2 names; [] = no groups (see slices)
           profiles:
             - {name: 1g.10gb, memorySlices: 1, computeSlices: 1, memory: 10Gi}
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ import yaml
 
 API_VERSION = "hwsandbox.dev/v1alpha1"
 KIND = "DraDriverConfig"
+_GROUP = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # the API's k8s-short-name
 _PCI_ID = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{4}$")
 _QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _FACTORS = {None: 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
@@ -61,6 +64,11 @@ class Partitioning:
     compute_slices: int
     modes: tuple[str, ...]
     profiles: tuple[PartitionProfile, ...]
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def compatibility_groups(self, mode: str) -> tuple[str, ...]:
+        """The groups of ``mode``'s partitions: configured, else the mode's own name."""
+        return self.groups.get(mode, (mode,))
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,20 @@ def _partitions(data: Any, where: str, problems: list[str]) -> Partitioning | No
     if not isinstance(modes, list) or not modes or not all(isinstance(m, str) for m in modes):
         problems.append(f"{where}.modes: want a non-empty list of names")
         modes = ["mig"]
+    groups: dict[str, tuple[str, ...]] = {}
+    raw_groups = data.get("compatibilityGroups") or {}
+    if not isinstance(raw_groups, Mapping):
+        problems.append(f"{where}.compatibilityGroups: want a mapping of mode to names")
+        raw_groups = {}
+    for mode, names in raw_groups.items():
+        at = f"{where}.compatibilityGroups[{mode!r}]"
+        if mode not in modes:
+            problems.append(f"{at}: not one of the modes {modes}")
+        elif (not isinstance(names, list) or len(names) > 2 or len(set(names)) != len(names)
+              or not all(isinstance(n, str) and _GROUP.match(n) for n in names)):  # fmt: skip
+            problems.append(f"{at}: want at most 2 distinct names (DNS labels), got {names!r}")
+        else:
+            groups[mode] = tuple(names)
     profiles = []
     for i, p in enumerate(data.get("profiles") or []):
         at = f"{where}.profiles[{i}]"
@@ -125,7 +147,7 @@ def _partitions(data: Any, where: str, problems: list[str]) -> Partitioning | No
             problems.append(f"{at}.memory: {exc}")
             memory = 0
         profiles.append(PartitionProfile(p["name"], pms, pcs, memory))
-    return Partitioning(ms, cs, tuple(modes), tuple(profiles))
+    return Partitioning(ms, cs, tuple(modes), tuple(profiles), groups)
 
 
 def parse_config(data: Any, source: str = "config") -> DriverConfig:
@@ -191,6 +213,9 @@ def config_from_devices(devices: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 "memorySlices": int(p["memorySlices"]),
                 "computeSlices": int(p["computeSlices"]),
                 "modes": list(p.get("modes") or ["mig"]),
+                **({"compatibilityGroups": {k: list(v) for k, v in
+                                            p["compatibilityGroups"].items()}}
+                   if p.get("compatibilityGroups") else {}),
                 "profiles": [
                     {"name": q["name"], "memorySlices": int(q["memorySlices"]),
                      "computeSlices": int(q["computeSlices"]), "memory": int(q["memory"])}

@@ -160,8 +160,8 @@ def _gpu(dev: Device, config: DriverConfig, groups: bool) -> tuple[list[PoolDevi
                     "counters": _counters(profile.memory_slices, profile.compute_slices,
                                           profile.memory),
                 }  # fmt: skip
-                if groups:
-                    consume["compatibilityGroups"] = [mode]
+                if groups and parts.compatibility_groups(mode):
+                    consume["compatibilityGroups"] = list(parts.compatibility_groups(mode))
                 capacity = {"memorySlices": {"value": str(profile.memory_slices)},
                             "computeSlices": {"value": str(profile.compute_slices)}}
                 if profile.memory:
