@@ -122,13 +122,19 @@ def next_state(state: DeviceState, change: Change) -> DeviceState:
 
 class PathIndex(Mapping[str, Entry]):
     """A tree's entries by path (the root is ``""``), read by walking the tree: nothing is
-    copied per version. ``len`` is the entry count (root included), kept by the caller."""
+    copied per version. ``len`` is the entry count (root included): given, or counted once
+    when first asked (``count`` None)."""
 
     __slots__ = ("_count", "_root")
 
-    def __init__(self, root: Dir, count: int) -> None:
+    def __init__(self, root: Dir, count: int | None = None) -> None:
         self._root = root
         self._count = count
+
+    @property
+    def known_count(self) -> int | None:
+        """The entry count if known without walking the tree."""
+        return self._count
 
     def __getitem__(self, path: str) -> Entry:
         entry: Entry | None = self.get(path)
@@ -158,6 +164,8 @@ class PathIndex(Mapping[str, Entry]):
             yield path
 
     def __len__(self) -> int:
+        if self._count is None:
+            self._count = 1 + sum(1 for _ in Tree(self._root).walk())
         return self._count
 
 
@@ -172,6 +180,10 @@ class Snapshot:
 
     @classmethod
     def of(cls, tree: Tree, version: int) -> Snapshot:
+        """A snapshot of ``tree``; a whole tree (no ``partial``) is measured for the cache,
+        a partial-capable one is not walked at all (a 1,000-GPU tree: ~0.1 s saved)."""
+        if tree.partial is not None:
+            return cls(tree, PathIndex(tree.root), version)
         count = 1
         nbytes = _ENTRY_BYTES
         for _, entry in tree.walk():
@@ -432,10 +444,10 @@ class LiveTree:
         self._remember(self.snapshot)
         self.started_ns = clock()
         self._changed_ns: dict[str, int] = {}
-        # Unplugged devices are absent from a tree, so learn every device once from a
-        # tree with all of them plugged in.
+        # A builder may leave unplugged devices out of a tree's records (build_tree keeps
+        # them): then learn every device once from a tree with all of them plugged in.
         everyone = self.snapshot.tree
-        if any(not s.plugged for s in self.states.values()):
+        if any(not s.plugged and k not in everyone.devices for k, s in self.states.items()):
             everyone = rebuild({k: replace(s, plugged=True) for k, s in self.states.items()})
         self.records: dict[str, DeviceRecord] = dict(everyone.devices)
         self.records.update(self.snapshot.tree.devices)
@@ -501,7 +513,8 @@ class LiveTree:
         patched = Tree(root)
         patched.partial = tree.partial
         patched.devices = {**tree.devices, **new.devices}
-        count = len(current.index) + len(diff.added) - len(diff.removed)
+        known = current.index.known_count
+        count = None if known is None else known + len(diff.added) - len(diff.removed)
         snapshot = Snapshot(patched, PathIndex(root, count), next(self._versions))
         return Pending(change, states, snapshot, current.version, diff)
 
