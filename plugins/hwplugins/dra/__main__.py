@@ -17,7 +17,7 @@ from hwplugins.dra.config import ConfigError, load_config
 from hwplugins.dra.discovery import discover
 from hwplugins.dra.driver import Driver, run
 from hwplugins.dra.kubeletplugin import KubeletPlugin, ServeError
-from hwplugins.dra.publisher import Publisher, read_claim
+from hwplugins.dra.publisher import Publisher, read_claim, write_device_status
 from hwplugins.dra.slices import DRIVER, TYPES, build_pool, resource_slices
 from hwplugins.dra.state import Claims, PrepareError
 from hwplugins.watch import Rescans
@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     driver = Driver(args.root, args.node_name, config, claims,
                     lambda ns, name: read_claim(api, ns, name),
+                    report=lambda claim, prepared, pool: write_device_status(
+                        api, claim, prepared, pool),
                     compatibility_groups=args.compatibility_groups,
                     skip_node_operations=skip)  # fmt: skip
     plugin = None

@@ -33,6 +33,7 @@ TICK = 0.1  # how soon a change event or a stop is acted on
 class Driver:
     def __init__(self, root: Path, node: str, config: DriverConfig, claims: Claims,
                  read_claim: Callable[[str, str], dict[str, Any]] | None = None, *,
+                 report: Callable[[dict[str, Any], PreparedClaim, Pool], None] | None = None,
                  compatibility_groups: bool = False, skip_node_operations: Collection[str] = (),
                  name: str = DRIVER) -> None:  # fmt: skip
         self.root = root
@@ -40,6 +41,7 @@ class Driver:
         self.config = config
         self.claims = claims
         self.read_claim = read_claim
+        self.report = report
         self.compatibility_groups = compatibility_groups
         self.skip_node_operations = tuple(skip_node_operations)
         self.name = name
@@ -76,7 +78,15 @@ class Driver:
         if self.read_claim is None:
             raise PrepareError("no API server configured: cannot read the claim")
         claim = self.read_claim(namespace, name)
-        return self.claims.prepare(claim, uid, self.pool, self.node)
+        pool = self.pool
+        prepared = self.claims.prepare(claim, uid, pool, self.node)
+        if self.report is not None and prepared.devices:
+            try:  # information for users: a refusal must not fail the pod
+                self.report(claim, prepared, pool)
+            except Exception as exc:
+                log.warning("claim %s/%s: writing status.devices failed: %s",
+                            namespace, name, getattr(exc, "reason", None) or exc)  # fmt: skip
+        return prepared
 
     def unprepare(self, uid: str) -> None:
         self.claims.unprepare(uid)

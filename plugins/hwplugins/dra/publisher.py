@@ -5,10 +5,12 @@ API group): the typed models of an older client would silently drop fields they 
 know. A publish whose specs equal the last ones is a no-op; any change bumps the pool
 generation (starting above whatever an earlier run of the driver left behind), updates
 every slice of the pool to it and deletes slices the pool no longer needs.
+``write_device_status`` records prepared devices in a claim's ``status.devices``.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 from typing import Any
 
@@ -16,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from hwplugins.dra.slices import DRIVER, Pool, resource_slices, slice_specs
+from hwplugins.dra.state import PreparedClaim
 
 log = logging.getLogger("hwplugins.dra")
 
@@ -117,3 +120,50 @@ def read_claim(api: client.ApiClient, namespace: str, name: str) -> dict[str, An
         GROUP, VERSION, namespace, "resourceclaims", name
     )
     return claim
+
+
+def device_status(claim: dict[str, Any], prepared: PreparedClaim, pool: Pool,
+                  driver: str = DRIVER, now: str | None = None,
+                  ) -> list[dict[str, Any]]:  # fmt: skip
+    """The claim's new ``status.devices``: other drivers' and pools' entries as they are,
+    ours replaced by one per prepared device (condition Ready; a NIC's interface name)."""
+    stamp = now or datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    pools = {d.pool_name for d in prepared.devices}
+    out = [d for d in (claim.get("status") or {}).get("devices") or []
+           if d.get("driver") != driver or d.get("pool") not in pools]  # fmt: skip
+    for dev in prepared.devices:
+        entry: dict[str, Any] = {"driver": driver, "pool": dev.pool_name,
+                                 "device": dev.device_name}  # fmt: skip
+        if dev.share_id:
+            entry["shareID"] = dev.share_id
+        entry["conditions"] = [{"type": "Ready", "status": "True", "reason": "Prepared",
+                                "message": "CDI spec written by the node's driver",
+                                "lastTransitionTime": stamp}]  # fmt: skip
+        found = pool.device(dev.device_name)
+        interface = next((v for k, v in found.source.attributes if k == "interface"),
+                         None) if found is not None else None  # fmt: skip
+        if isinstance(interface, str) and interface:
+            entry["networkData"] = {"interfaceName": interface}
+        out.append(entry)
+    return out
+
+
+def write_device_status(api: client.ApiClient, claim: dict[str, Any], prepared: PreparedClaim,
+                        pool: Pool, driver: str = DRIVER) -> None:  # fmt: skip
+    """Record the prepared devices in ``status.devices`` (an update of
+    ``resourceclaims/status``; with DRAResourceClaimGranularStatusAuthorization, beta in
+    1.37, it also needs ``associated-node:update`` on ``resourceclaims/driver`` named
+    after the driver). Retries a conflicting update on a fresh read."""
+    objects = client.CustomObjectsApi(api)
+    meta = claim["metadata"]
+    for attempt in range(3):
+        body = {**claim, "status": {**(claim.get("status") or {}),
+                                    "devices": device_status(claim, prepared, pool, driver)}}
+        try:
+            objects.replace_namespaced_custom_object_status(
+                GROUP, VERSION, meta["namespace"], "resourceclaims", meta["name"], body)
+            return
+        except ApiException as exc:
+            if exc.status != 409 or attempt == 2:
+                raise
+        claim = read_claim(api, meta["namespace"], meta["name"])
