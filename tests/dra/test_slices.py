@@ -30,7 +30,8 @@ from sandbox.profile import NodeSpec, load_profile
 from tests.dra.controlplane import HINT, ControlPlane, bin_dir, control_plane
 
 REPO = Path(__file__).resolve().parents[2]
-PROFILES = sorted((REPO / "profiles").glob("*.yaml")) + [REPO / "tests/data/dra-nic-gpu.yaml"]
+PROFILES = sorted((REPO / "profiles").glob("*.yaml")) + [
+    REPO / "tests/data/dra-nic-gpu.yaml", REPO / "tests/data/dra-two-gpus.yaml"]
 CASES = [(p, n.name) for p in PROFILES for n in load_profile(str(p)).cluster.nodes]
 EXAMPLES = sorted((REPO / "examples" / "dra").glob("*.yaml"))
 GROUP, VERSION = "resource.k8s.io", "v1"
