@@ -37,7 +37,32 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--name", help="sandbox name (default: the profile's metadata.name)")
     p.add_argument("--retain", action="store_true",
                    help="on failure keep what was made, for debugging")
+    p.add_argument("--feature-gates", metavar="A=true,B=false", type=parse_feature_gates,
+                   help="Kubernetes feature gates for every component (native runtime only: "
+                   "kube-apiserver, controller-manager, scheduler, kubelet), e.g. "
+                   "DRADeviceCompatibilityGroups=true,DRAOptionalNodeOperations=true")
     p.set_defaults(func=run)
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """``A=true,B=false`` -> {"A": True, "B": False}; argparse reports a ValueError."""
+    gates: dict[str, bool] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition("=")
+        name, value = name.strip(), value.strip().lower()
+        if not sep or not name or value not in ("true", "false"):
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not NAME=true or NAME=false (e.g. "
+                "--feature-gates DRADeviceCompatibilityGroups=true,DRAConsumableCapacity=false)")
+        if not name.isidentifier():
+            raise argparse.ArgumentTypeError(f"{name!r} is not a feature gate name")
+        gates[name] = value == "true"
+    if not gates:
+        raise argparse.ArgumentTypeError("no feature gates given (NAME=true,NAME=false)")
+    return gates
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +79,13 @@ def run(args: argparse.Namespace) -> int:
         if reason:
             raise SandboxError(f"runtime {args.runtime} cannot run here: {reason}")
         print(f"runtime: {runtime.name}", file=sys.stderr)
+    if args.feature_gates:
+        from sandbox.runtimes.native import NativeRuntime
+
+        if not isinstance(runtime, NativeRuntime):
+            raise SandboxError(f"--feature-gates needs --runtime native (the runtime here is "
+                               f"{runtime.name})")
+        runtime.feature_gates.update(args.feature_gates)
     state_dir = state_dir_for(name)
     if read_record(state_dir) is not None:
         raise SandboxError(f"a sandbox named {name!r} already exists ({state_dir}); "

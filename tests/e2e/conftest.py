@@ -3,16 +3,20 @@
 The native runtime owns ``/var/lib/kubelet``, so only one cluster runs at a time. The
 session-scoped ``sandboxes`` keeps at most one up and switches profiles on demand:
 ``native_cluster`` is ``profiles/8gpu-2numa.yaml``, ``dra_cluster`` the same profile with
-the reference DRA driver instead of the device plugin, ``intel_cluster`` is
-``profiles/intel-flex-sriov.yaml``. Modules run in name order (test_native.py,
-test_native_dra.py, test_native_thirdparty.py), so each comes up once. Every ``down`` (a
+the reference DRA driver instead of the device plugin, ``mig_cluster``
+``profiles/mig-partitions.yaml`` with the DRA driver and an alpha feature gate,
+``intel_cluster`` is ``profiles/intel-flex-sriov.yaml``. Modules run in name order
+(test_native.py, test_native_dra.py, test_native_dra_cdi.py, ..., test_native_thirdparty.py),
+so each comes up once. Every ``down`` (a
 switch, the end of the session, or test_down_leaves_nothing_behind) is checked: no
 process, mount, device node, containerd socket or state dir of that cluster may remain.
 
 Missing prerequisites FAIL the tests with the command that fixes them
-(``scripts/build-k8s``, ``scripts/build-plugins``); nothing is skipped.
+(``scripts/build-k8s``, ``scripts/build-containerd``, ``scripts/build-plugins``); nothing is
+skipped.
 
-Run: ``sudo scripts/build-k8s && sudo tox -e e2e`` (or ``pytest tests/e2e`` as root).
+Run: ``sudo scripts/build-k8s && scripts/build-containerd && sudo tox -e e2e`` (or
+``pytest tests/e2e`` as root).
 """
 
 from __future__ import annotations
@@ -40,12 +44,16 @@ from sandbox.runtimes.native import (
     mounts_below,
     shim_pids,
 )
+from sandbox.runtimes.native import ctr as native_ctr
 from sandbox.supervisor import Proc
 from sandbox.supervisor import start_time as proc_start_time
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "profiles" / "8gpu-2numa.yaml"
 INTEL_PROFILE = REPO / "profiles" / "intel-flex-sriov.yaml"
+MIG_PROFILE = REPO / "profiles" / "mig-partitions.yaml"
+# alpha in 1.37 (off by default): the partitions cluster turns it on in every component
+MIG_FEATURE_GATES = {"DRADeviceCompatibilityGroups": True}
 if str(REPO) not in sys.path:  # tests.thirdparty (plugin builds) when run as `pytest tests/e2e`
     sys.path.append(str(REPO))
 
@@ -67,7 +75,7 @@ class NativeCluster:
     def ctr(self, *args: str) -> str:
         """``ctr`` against this cluster's containerd, namespace k8s.io (the CRI's)."""
         proc = subprocess.run(
-            ["ctr", f"--address={self.layout.containerd_sock}", "--namespace=k8s.io", *args],
+            [*native_ctr(self.layout), *args],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert proc.returncode == 0, f"ctr {' '.join(args)}: {proc.stderr}"
@@ -250,21 +258,25 @@ class Sandboxes:
         self.current: NativeCluster | None = None
         self._api_client: Any = None
 
-    def get(self, profile: Path, reference_plugin: bool = True,
-            dra_driver: bool = False) -> NativeCluster:
+    def get(self, profile: Path, reference_plugin: bool = True, dra_driver: bool = False,
+            feature_gates: dict[str, bool] | None = None) -> NativeCluster:
         current = self.current
+        gates = dict(feature_gates or {})
         if current is not None and (current.profile, current.runtime.reference_plugin,
-                                    current.runtime.dra_driver) == (
-                profile, reference_plugin, dra_driver):
+                                    current.runtime.dra_driver,
+                                    current.runtime.feature_gates) == (
+                profile, reference_plugin, dra_driver, gates):
             return current
         if current is not None:
             before = footprint(current)
             self.down()
             assert before.leftovers() == [], f"down of {before.state_dir} left things behind"
-        return self._up(profile, reference_plugin, dra_driver)
+        return self._up(profile, reference_plugin, dra_driver, gates)
 
-    def _up(self, profile: Path, reference_plugin: bool, dra_driver: bool = False) -> NativeCluster:
-        runtime = NativeRuntime(reference_plugin=reference_plugin, dra_driver=dra_driver)
+    def _up(self, profile: Path, reference_plugin: bool, dra_driver: bool = False,
+            feature_gates: dict[str, bool] | None = None) -> NativeCluster:
+        runtime = NativeRuntime(feature_gates=feature_gates, reference_plugin=reference_plugin,
+                                dra_driver=dra_driver)
         reason = runtime.unavailable_reason()
         if reason is not None:
             pytest.fail(f"native runtime unavailable: {reason}")
@@ -331,6 +343,15 @@ def dra_cluster(sandboxes: Sandboxes) -> NativeCluster:
     by the runtime (``NativeRuntime(dra_driver=True)``) and no device plugin, so the GPUs
     reach pods only through DRA."""
     return sandboxes.get(PROFILE, reference_plugin=False, dra_driver=True)
+
+
+@pytest.fixture
+def mig_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/mig-partitions.yaml`` (node mig-worker, 4 partitionable A100 80GB) with the
+    reference DRA driver and no device plugin, ``MIG_FEATURE_GATES`` on in every component
+    (``NativeRuntime(feature_gates=...)``, what ``sandbox up --feature-gates`` sets)."""
+    return sandboxes.get(MIG_PROFILE, reference_plugin=False, dra_driver=True,
+                         feature_gates=MIG_FEATURE_GATES)
 
 
 @pytest.fixture

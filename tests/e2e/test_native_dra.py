@@ -13,15 +13,14 @@ through claims. What is checked, end to end:
 2. a pod with a ResourceClaim for one whole GPU is scheduled (real scheduler), the real
    kubelet calls NodePrepareResources: the CDI spec exists and names the GPU's
    ``/dev/nvidiaN``, the kubelet's pod-resources API lists the claim with the CDI id the
-   driver answered, the claim is reserved for the pod, and the pod runs;
+   driver answered, the claim is reserved for the pod, and the pod runs with the GPU's
+   device node;
 3. deleting the pod makes the kubelet call NodeUnprepareResources: the CDI file is gone;
 4. ``sandbox fault unplug`` of a GPU held by a running pod updates the ResourceSlice
    within seconds (pool generation bumped); unprepare still cleans up afterwards.
 
-containerd 1.6 has no CDI (it arrived in 1.7; see docs/native-runtime.md): the kubelet
-passes the CDI ids on, containerd ignores them, so the container does NOT see the GPU's
-device node. That is asserted too, so the day a CDI-capable containerd is used the test
-says so.
+containerd is 2.x (scripts/build-containerd) with CDI: the container sees the GPU's device
+node and the driver's env (a whole GPU and a partition in detail: test_native_dra_cdi.py).
 """
 
 from __future__ import annotations
@@ -325,15 +324,17 @@ def test_claimed_gpu_is_prepared_and_unprepared_by_the_real_kubelet(
             DRIVER, cluster.node.name, device)
         assert [d.name for d in res.cdi_devices] == [cdi_id]
 
-        # containerd 1.6 ignores CDI: the container gets neither the node nor the env.
+        # containerd 2.x applies the CDI spec: the GPU's node and its env reach the
+        # container (both claims' kinds in detail: test_native_dra_cdi.py).
         def log() -> str:
             return str(cluster.core.read_namespaced_pod_log(claimed.name, NS))
 
         wait_until("the pod's output", lambda: "visible=" in log(), 30)
-        assert "no-nvidia-nodes" in log(), (
-            "the container sees an NVIDIA device node: is containerd CDI-capable now "
-            f"(>= 1.7)? Then assert the device instead. Log: {log()}")
-        assert "visible=\n" in log(), log()
+        listed = log().split("visible=")[0].split()
+        assert f"nvidia{minor}" in listed, log()
+        assert not {f"nvidia{m}" for m in range(8) if m != minor} & set(listed), log()
+        visible = dict(e.split("=", 1) for e in cdi_dev["containerEdits"]["env"])
+        assert f"visible={visible['NVIDIA_VISIBLE_DEVICES']}\n" in log(), log()
 
         # 3. Pod gone -> NodeUnprepareResources -> the CDI file is removed.
         t0 = time.monotonic()

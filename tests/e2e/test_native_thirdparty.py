@@ -121,8 +121,11 @@ def test_intel_gpu_plugin_on_the_real_kubelet(
     root = intel_cluster.state_dir / "node-root"
     argv = in_private_mounts(
         [str(binary), "-v", "2"],
-        # Allocate writes CDI specs to /var/run/cdi (-> /run): a private tmpfs
-        [Tmpfs("/run"), Bind(str(root / "sys"), "/sys"), Bind(str(root / "dev"), "/dev")],
+        # Allocate answers CDI names and writes their specs to /var/run/cdi (-> /run): a
+        # private tmpfs, with /run/cdi bound to a dir containerd scans (cdi_spec_dirs), else
+        # containerd 2 fails the container ("unresolvable CDI devices intel.cdi.k8s.io/...")
+        [Tmpfs("/run"), Bind(str(intel_cluster.layout.cdi_plugins), "/run/cdi"),
+         Bind(str(root / "sys"), "/sys"), Bind(str(root / "dev"), "/dev")],
     )
     log = tmp_path / "intel-gpu-plugin.log"
     with _running(argv, log) as proc:

@@ -2,7 +2,8 @@
 
 No registry serves kind node images here, so this backend runs components built from
 source by ``scripts/build-k8s`` (kept in ``${HWSANDBOX_CACHE:-~/.cache/hw-sandbox}/k8s/
-v<version>/bin``) plus Debian's containerd, runc and CNI plugins. ``up`` starts, as
+v<version>/bin``), containerd 2.x with CDI built by ``scripts/build-containerd``
+(``.../containerd/v<version>/bin``), plus Debian's runc and CNI plugins. ``up`` starts, as
 detached processes with pid files and logs under ``state_dir``::
 
     etcd -> kube-apiserver -> kube-controller-manager, kube-scheduler
@@ -67,6 +68,9 @@ from sandbox.runtimes.native.common import (
     BUSYBOX_REF,
     CNI_BIN_DIR,
     CNI_PLUGINS,
+    CONTAINERD_BUILD_HINT,
+    CONTAINERD_TOOLS,
+    CONTAINERD_VERSION,
     DRA_DRIVER_ENV,
     HOST_TOOLS,
     K8S_VERSION,
@@ -74,6 +78,8 @@ from sandbox.runtimes.native.common import (
     Layout,
     bin_dir,
     cache_dir,
+    containerd_bin_dir,
+    ctr,
     free_port,
     host_ip,
     http_ok,
@@ -90,7 +96,8 @@ from sandbox.runtimes.steps import run_steps, undo_steps
 
 __all__ = [
     "BUILD_HINT", "BUSYBOX_REF", "DRA_DRIVER_ENV", "K8S_VERSION", "Layout", "NativeRuntime",
-    "bin_dir", "cache_dir", "cni_config", "containerd_config", "kubelet_config", "kubelet_root",
+    "bin_dir", "cache_dir", "cni_config", "containerd_bin_dir", "containerd_config", "ctr",
+    "kubelet_config", "kubelet_root",
     "mounts_below", "running", "shim_pids",
 ]
 
@@ -120,6 +127,10 @@ class NativeRuntime:
                                "kube-scheduler", "kubelet") if not (bin_dir() / b).is_file()]
         if missing:
             return f"missing {', '.join(missing)} in {bin_dir()} ({BUILD_HINT})"
+        built = [t for t in CONTAINERD_TOOLS if not (containerd_bin_dir() / t).is_file()]
+        if built:
+            return (f"missing {', '.join(built)} (containerd v{CONTAINERD_VERSION}, with CDI) in "
+                    f"{containerd_bin_dir()} ({CONTAINERD_BUILD_HINT})")
         tools = [t for t in HOST_TOOLS if shutil.which(t) is None]
         plugins = [p for p in CNI_PLUGINS if not (CNI_BIN_DIR / p).is_file()]
         if tools or plugins:
@@ -167,12 +178,14 @@ class NativeRuntime:
             "ports": ports,
             "host_ip": ip,
             "kubelet_root": str(root),
-            # containerd 1.6 puts shim sockets in /run/containerd/s whatever its state dir
+            # containerd (1.6 and 2.4) puts shim sockets in /run/containerd/s whatever its state dir
             "created": [str(p) for p in (root, Path("/var/log/containers"), Path("/var/lib/cni"),
                                          Path("/run/containerd")) if not p.exists()],
             "sysctls": {k: sysctl(k) for k in KUBELET_SYSCTLS},
             "netns": [],
             "dra_driver": self.dra_driver,
+            "containerd": CONTAINERD_VERSION,
+            "feature_gates": self.feature_gates,
         }
         write_record(state_dir, record)
         if not root.exists():  # ours alone: down removes it whole

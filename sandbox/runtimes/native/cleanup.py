@@ -15,7 +15,7 @@ from typing import Any
 from sandbox import supervisor
 from sandbox.errors import CommandError
 from sandbox.runtimes.base import Progress
-from sandbox.runtimes.native.common import BRIDGE, Layout, run, running
+from sandbox.runtimes.native.common import BRIDGE, Layout, ctr, run, running
 from sandbox.supervisor import Proc
 
 
@@ -88,29 +88,29 @@ def remove_containers(layout: Layout, progress: Progress) -> list[str]:
     """Kill and delete every k8s.io task and container; return their netns paths."""
     if running(layout, "containerd") is None:
         return []
-    ctr = ["ctr", f"--address={layout.containerd_sock}", "--namespace=k8s.io"]
+    ctr_argv = ctr(layout)
     netns: set[str] = set()
-    ids = run([*ctr, "containers", "ls", "-q"], check=False).split()
+    ids = run([*ctr_argv, "containers", "ls", "-q"], check=False).split()
     if ids:
         progress(f"removing {len(ids)} containers")
     for cid in ids:
         with contextlib.suppress(json.JSONDecodeError, CommandError):
-            info = json.loads(run([*ctr, "containers", "info", cid]))
+            info = json.loads(run([*ctr_argv, "containers", "info", cid]))
             for ns in info.get("Spec", {}).get("linux", {}).get("namespaces", []):
                 path = ns.get("path", "")
                 if ns.get("type") == "network" and "/netns/" in path:
                     netns.add(path)
-        run([*ctr, "tasks", "kill", "-s", "SIGKILL", cid], check=False)
+        run([*ctr_argv, "tasks", "kill", "-s", "SIGKILL", cid], check=False)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        tasks = run([*ctr, "tasks", "ls", "-q"], check=False).split()
+        tasks = run([*ctr_argv, "tasks", "ls", "-q"], check=False).split()
         for cid in tasks:
-            run([*ctr, "tasks", "delete", "--force", cid], check=False, timeout=30)
+            run([*ctr_argv, "tasks", "delete", "--force", cid], check=False, timeout=30)
         if not tasks:
             break
         time.sleep(0.3)
     for cid in ids:
-        run([*ctr, "containers", "rm", cid], check=False)
+        run([*ctr_argv, "containers", "rm", cid], check=False)
     return sorted(netns)
 
 

@@ -18,6 +18,9 @@ from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
 from sandbox.supervisor import Proc
 
 K8S_VERSION = os.environ.get("HWSANDBOX_K8S_VERSION", "1.37.2")
+# containerd 2.x (CDI built in), built by scripts/build-containerd; Debian's 1.6 has no CDI
+CONTAINERD_VERSION = os.environ.get("HWSANDBOX_CONTAINERD_VERSION", "2.4.2")
+CONTAINERD_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr")
 
 PAUSE_REF = "localhost/hw-sandbox/pause:1"
 BUSYBOX_REF = "localhost/hw-sandbox/busybox:1"
@@ -27,7 +30,7 @@ SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
-HOST_TOOLS = ("containerd", "ctr", "runc", "containerd-shim-runc-v2", "openssl", "ip")
+HOST_TOOLS = ("runc", "openssl", "ip", "unshare")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 # Values the kubelet sets itself unless protectKernelDefaults; down() puts them back.
 KUBELET_SYSCTLS = (
@@ -46,6 +49,7 @@ ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", 
 EXTRAS = ("dra-driver", "deviceplugin", "mount")
 DRA_DRIVER_ENV = "HWSANDBOX_NATIVE_DRA"  # "1": NativeRuntime() starts the DRA driver too
 BUILD_HINT = "run scripts/build-k8s"
+CONTAINERD_BUILD_HINT = "run scripts/build-containerd"
 
 
 def cache_dir() -> Path:
@@ -56,6 +60,23 @@ def bin_dir() -> Path:
     """Where ``scripts/build-k8s`` put the Kubernetes binaries and etcd."""
     override = os.environ.get("HWSANDBOX_K8S_BIN")
     return Path(override) if override else cache_dir() / "k8s" / f"v{K8S_VERSION}" / "bin"
+
+
+def containerd_bin_dir() -> Path:
+    """Where ``scripts/build-containerd`` put containerd, its runc shim and ctr."""
+    override = os.environ.get("HWSANDBOX_CONTAINERD_BIN")
+    if override:
+        return Path(override)
+    return cache_dir() / "containerd" / f"v{CONTAINERD_VERSION}" / "bin"
+
+
+def ctr(layout: Layout) -> list[str]:
+    """``ctr`` against this sandbox's containerd, namespace k8s.io (the CRI's). The built
+    one matching the server; Debian's on PATH only when the build is gone (a ``down``
+    after the cache was cleared)."""
+    built = containerd_bin_dir() / "ctr"
+    exe = str(built) if built.is_file() else "ctr"
+    return [exe, f"--address={layout.containerd_sock}", "--namespace=k8s.io"]
 
 
 def kubelet_root() -> Path:
@@ -103,7 +124,14 @@ class Layout:
 
     @property
     def cdi(self) -> Path:
+        """CDI specs of prepared DRA claims (the reference DRA driver's ``--cdi-dir``)."""
         return self.state / "cdi"
+
+    @property
+    def cdi_plugins(self) -> Path:
+        """CDI specs for the CDI names device plugins answer in Allocate: the reference
+        plugin's, written at ``up``, and a third-party plugin's /var/run/cdi bound here."""
+        return self.state / "cdi-plugins"
 
     @property
     def kubeconfig(self) -> Path:

@@ -2,58 +2,77 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sandbox.profile.spec import NodeSpec
 from sandbox.runtimes.native.common import BRIDGE, CNI_BIN_DIR, PAUSE_REF, POD_SUBNET, Layout
 
 
-def containerd_config(layout: Layout) -> str:
+def containerd_config(layout: Layout, shim: Path, runc: str) -> str:
+    """containerd 2.x, config version 4 (2.4's own; a version 3 file works too, migrated at
+    every start with a warning). ``shim`` is the built ``containerd-shim-runc-v2``
+    (named outright: containerd looks up ``$PATH`` first, where Debian's 1.6 shim may be),
+    ``runc`` the runc binary it drives.
+
+    CDI is always on in containerd 2.x (the 1.7 ``enable_cdi`` switch is gone from 2.4's
+    config); ``cdi_spec_dirs``: where the DRA driver writes its specs, and the device
+    plugins' specs (a CDI name a device plugin answers must resolve, or containerd 2 fails
+    the container: ``CDI device injection failed: unresolvable CDI devices``). cgroup v1 needs no
+    setting (2.x logs a deprecation warning, ``io.containerd.deprecation/cgroup-v1``).
+    """
     c = layout.containerd
-    cri = 'plugins."io.containerd.grpc.v1.cri"'
-    return f"""version = 2
+    runtime = "plugins.'io.containerd.cri.v1.runtime'"
+    return f"""version = 4
 root = "{c / 'root'}"
 state = "{c / 'state'}"
-
-[grpc]
-  address = "{layout.containerd_sock}"
-
-[ttrpc]
-  address = "{layout.containerd_sock}.ttrpc"
+imports = []  # not the default /etc/containerd/conf.d/*.toml: nothing of the host's
 
 [debug]
   level = "info"
 
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.server.v1.grpc']
+  address = "{layout.containerd_sock}"
+
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = "{layout.containerd_sock}.ttrpc"
+
+[plugins.'io.containerd.internal.v1.opt']
   path = "{c / 'opt'}"
 
-[{cri}]
-  sandbox_image = "{PAUSE_REF}"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "{PAUSE_REF}"
+
+[{runtime}]
   netns_mounts_under_state_dir = true
   # No CAP_SYS_RESOURCE in this VM: runc cannot lower oom_score_adj (sandboxes ask -998)
   # below containerd's own; clamp instead of failing every pod.
   restrict_oom_score_adj = true
-  # containerd 1.6 ignores these two (CDI arrived in 1.7); kept for a newer containerd
-  enable_cdi = true
-  cdi_spec_dirs = ["{layout.cdi}"]
+  cdi_spec_dirs = ["{layout.cdi}", "{layout.cdi_plugins}"]
 
-[{cri}.containerd]
-  snapshotter = "overlayfs"
+[{runtime}.containerd]
   default_runtime_name = "runc"
 
-[{cri}.containerd.runtimes.runc]
+[{runtime}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
+  runtime_path = "{shim}"
 
-[{cri}.containerd.runtimes.runc.options]
+[{runtime}.containerd.runtimes.runc.options]
   SystemdCgroup = false
+  BinaryName = "{runc}"
   Root = "{c / 'runc'}"
 
-[{cri}.cni]
-  bin_dir = "{CNI_BIN_DIR}"
+[{runtime}.cni]
+  bin_dirs = ["{CNI_BIN_DIR}"]
   conf_dir = "{layout.cni / 'net.d'}"
   max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
 """
 
 

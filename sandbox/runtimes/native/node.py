@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile import spec
@@ -66,6 +67,7 @@ def prepare_node_tree(layout: Layout, node: NodeSpec, progress: Progress) -> Non
     except SandboxError as exc:
         raise RuntimeBackendError("mount", str(exc)) from exc
     _link_dev_symlinks(layout, node)
+    write_device_plugin_cdi_specs(layout, node)
 
 
 def _link_dev_symlinks(layout: Layout, node: NodeSpec) -> None:
@@ -94,6 +96,48 @@ def _link_dev_symlinks(layout: Layout, node: NodeSpec) -> None:
             link.symlink_to(entry.target)
 
 
+def write_device_plugin_cdi_specs(layout: Layout, node: NodeSpec) -> list[Path]:
+    """CDI specs for every CDI name the reference device plugin may answer in Allocate
+    (``nvidia.com/gpu=GPU-<uuid>``, ``intel.com/gpu=...``), one file per CDI kind in
+    ``state_dir/cdi-plugins``, as a vendor's CDI generator writes them once per node
+    (``nvidia-ctk cdi generate``). containerd 2 fails a container whose CDI name has no
+    spec; with these it resolves them.
+
+    Device nodes only, ``hostPath`` under ``state_dir/dev``: the env stays with the
+    Allocate response, which joins it over the container's devices (a per-device CDI env
+    would override ``NVIDIA_VISIBLE_DEVICES=a,b`` with one id). Made from the node's
+    full tree (every device of the profile, whatever its state at ``up``), like the
+    device nodes themselves, so a device plugged in later resolves too.
+    """
+    import tempfile
+
+    from hwplugins.deviceplugin.discovery import discover
+
+    from sandbox.fakehw.build import build_tree
+    from sandbox.fakehw.render import render
+
+    with tempfile.TemporaryDirectory(prefix="hwsb-cdi-") as tmp:
+        render(build_tree(node, {}), tmp, force=True)
+        devices = discover(tmp)
+    kinds: dict[str, list[dict[str, object]]] = {}
+    for dev in devices:
+        if not dev.cdi_name or not dev.dev_nodes:
+            continue
+        kind, _, name = dev.cdi_name.partition("=")
+        nodes = [{"path": p, "hostPath": str(layout.dev / p.removeprefix("/dev/"))}
+                 for p in dev.dev_nodes]
+        kinds.setdefault(kind, []).append(
+            {"name": name, "containerEdits": {"deviceNodes": nodes}})
+    layout.cdi_plugins.mkdir(parents=True, exist_ok=True)
+    written = []
+    for kind, cdi_devices in sorted(kinds.items()):
+        path = layout.cdi_plugins / f"hwsandbox-deviceplugin-{kind.replace('/', '-')}.json"
+        path.write_text(json.dumps({"cdiVersion": "0.6.0", "kind": kind,
+                                    "devices": cdi_devices}, indent=2) + "\n")
+        written.append(path)
+    return written
+
+
 def start_node_plugins(layout: Layout, progress: Progress) -> None:
     """The reference device plugin on the fake root, against the real kubelet.
 
@@ -114,7 +158,7 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None
     kubelet's plugin watcher creates it), then the driver serves
     ``plugins/dra.hwsandbox.dev/dra.sock`` and registers through
     ``plugins_registry/dra.hwsandbox.dev-reg.sock``. CDI specs of prepared claims go to
-    ``state_dir/cdi`` (containerd's ``cdi_spec_dirs``; containerd 1.6 ignores it), their
+    ``state_dir/cdi`` (containerd's ``cdi_spec_dirs``: they reach the container), their
     ``hostPath``s name the node's device nodes in ``state_dir/dev``; the partition config
     (``sandbox dra config``) and the checkpoint live in ``state_dir/dra``, so nothing of a
     torn-down cluster is left under the kubelet root. API access: the admin kubeconfig.

@@ -8,6 +8,7 @@ Each undo finds nothing to do for a step that never ran.
 from __future__ import annotations
 
 import json
+import shutil
 import ssl
 import subprocess
 import time
@@ -28,6 +29,8 @@ from sandbox.runtimes.native.common import (
     Layout,
     bin_dir,
     cache_dir,
+    containerd_bin_dir,
+    ctr,
     http_ok,
     run,
     spawn,
@@ -159,29 +162,34 @@ class Up:
         """containerd (seeing the node's device nodes), until serving."""
         self.progress("containerd")
         lay = self.layout
-        for d in (lay.containerd, lay.cni / "net.d", lay.cdi, lay.kubelet):
+        for d in (lay.containerd, lay.cni / "net.d", lay.cdi, lay.cdi_plugins, lay.kubelet):
             d.mkdir(parents=True, exist_ok=True)
-        (self.layout.containerd / "config.toml").write_text(containerd_config(self.layout))
+        runc = shutil.which("runc")
+        if runc is None:
+            raise RuntimeBackendError("containerd", "runc is not on PATH (run scripts/build-k8s)")
+        cbin = containerd_bin_dir()
+        (self.layout.containerd / "config.toml").write_text(
+            containerd_config(self.layout, cbin / "containerd-shim-runc-v2", runc))
         (self.layout.cni / "net.d" / "10-hw-sandbox.conflist").write_text(
             json.dumps(cni_config(self.layout), indent=2) + "\n")
         spawn(self.layout, "containerd", [
-            *with_node_dev(lay), "containerd", f"--config={lay.containerd / 'config.toml'}",
+            *with_node_dev(lay), str(cbin / "containerd"),
+            f"--config={lay.containerd / 'config.toml'}",
         ])
-        ctr = ["ctr", f"--address={self.layout.containerd_sock}", "--namespace=k8s.io"]
         wait_for(self.layout, "containerd", "serving",
-                 lambda: subprocess.run([*ctr, "version"], capture_output=True,
+                 lambda: subprocess.run([*ctr(self.layout), "version"], capture_output=True,
                                         check=False).returncode == 0, 60)
 
     def images(self) -> None:
         """The local pause and busybox images, imported."""
-        ctr = ["ctr", f"--address={self.layout.containerd_sock}", "--namespace=k8s.io"]
+        ctr_argv = ctr(self.layout)
         self.progress("images (pause, busybox)")
         images = cache_dir() / "images"
         for tarball in (_images.pause_image(images, PAUSE_REF),
                         _images.busybox_image(images, BUSYBOX_REF)):
             # `ctr import` unpacks into the default snapshotter (overlayfs), the CRI's.
-            run([*ctr, "images", "import", str(tarball)])
-        listed = run([*ctr, "images", "ls", "-q"])
+            run([*ctr_argv, "images", "import", str(tarball)])
+        listed = run([*ctr_argv, "images", "ls", "-q"])
         for ref in (PAUSE_REF, BUSYBOX_REF):
             if ref not in listed.split():
                 raise RuntimeBackendError("images", f"{ref} missing after import: {listed}")

@@ -1,0 +1,309 @@
+"""Claims reach the container: CDI on the native runtime's containerd 2.x (issue 15, 1 + 8).
+
+``mig_cluster``: profiles/mig-partitions.yaml (node mig-worker, 4 partitionable A100 80GB)
+with the reference DRA driver, no device plugin, and ``DRADeviceCompatibilityGroups`` on in
+every component (``NativeRuntime(feature_gates=...)``, what ``sandbox up --feature-gates``
+passes). containerd is 2.4 built by scripts/build-containerd with ``cdi_spec_dirs =
+[state_dir/cdi]``, where the driver writes a spec per prepared claim whose ``hostPath``s
+name the node's device nodes under ``state_dir/dev`` (all 1:3); containerd sees them
+through the /dev overlay in its own mount namespace, the host's /dev is never written.
+
+What is checked, with the real scheduler, kubelet and containerd:
+
+1. one pod, two containers: one holds a claim for a whole GPU, the other one for a MIG-like
+   1g.10gb partition (a different GPU: a whole GPU consumes all its counters). The kubelet
+   prepares both claims through the driver (NodePrepareResources), containerd applies the
+   CDI specs, and each container sees exactly the device nodes of its own claim (as char
+   devices 1:3, the node's) and the env the driver set (``NVIDIA_VISIBLE_DEVICES``,
+   ``HWSANDBOX_DEVICE_*``, ``HWSANDBOX_PARTITION`` for the partition only);
+2. deleting the pod unprepares both (CDI files and checkpoint entries gone, claims
+   deallocated);
+3. the feature gate reached every component (each one's ``kubernetes_feature_enabled``
+   metric), and ``sandbox up --feature-gates`` refuses bad input clearly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import ssl
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import (
+    MIG_FEATURE_GATES,
+    MIG_PROFILE,
+    REPO,
+    NativeCluster,
+    default_service_account,
+    events,
+    phase,
+    wait_until,
+)
+
+from sandbox.runtimes.base import read_record
+from sandbox.runtimes.native import BUSYBOX_REF, running
+
+DRIVER = "dra.hwsandbox.dev"
+GROUP, VERSION, NS = "resource.k8s.io", "v1", "default"
+DEVICE_CLASSES = REPO / "examples" / "dra" / "deviceclasses.yaml"
+PARTITION_PROFILE = "1g.10gb"
+# what a container prints: its NVIDIA device nodes with major:minor (hex), then its env
+COMMAND = ("for f in $(find /dev -name 'nvidia*' | sort); do stat -c 'node %n %t:%T' \"$f\"; "
+           "done; env | grep -E '^(NVIDIA_VISIBLE_DEVICES|HWSANDBOX_)' | sort | sed 's/^/env /'; "
+           "echo done; sleep 3600")
+
+
+def _objects(cluster: NativeCluster) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(cluster.core.api_client)
+
+
+def _log(cluster: NativeCluster, name: str, tail: int = 40) -> str:
+    try:
+        text = (cluster.layout.logs / f"{name}.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no {name}.log)"
+    return f"\n--- {name}.log (tail) ---\n" + "\n".join(text.splitlines()[-tail:])
+
+
+def _diagnose(cluster: NativeCluster) -> str:
+    return _log(cluster, "dra-driver") + _log(cluster, "containerd", 20)
+
+
+def _slices(cluster: NativeCluster) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = _objects(cluster).list_cluster_custom_object(
+        GROUP, VERSION, "resourceslices",
+        field_selector=f"spec.nodeName={cluster.node.name},spec.driver={DRIVER}")["items"]
+    return items
+
+
+def _devices(cluster: NativeCluster) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in _slices(cluster) for d in s["spec"].get("devices", [])}
+
+
+def _claim(cluster: NativeCluster, name: str) -> dict[str, Any]:
+    claim: dict[str, Any] = _objects(cluster).get_namespaced_custom_object(
+        GROUP, VERSION, NS, "resourceclaims", name)
+    return claim
+
+
+def _minor(cluster: NativeCluster, pci: str) -> int:
+    info = (cluster.state_dir / "node-root" / "proc" / "driver" / "nvidia" / "gpus" / pci
+            / "information").read_text()
+    match = re.search(r"^Device Minor:\s*(\d+)", info, re.M)
+    assert match, info
+    return int(match.group(1))
+
+
+def _create_claim(cluster: NativeCluster, name: str, device_class: str,
+                  selector: str | None = None) -> str:
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    _objects(cluster).create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
+    })  # fmt: skip
+    return str(_claim(cluster, name)["metadata"]["uid"])
+
+
+def _delete(cluster: NativeCluster, kind: str, name: str) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        if kind == "pod":
+            cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+        else:
+            _objects(cluster).delete_namespaced_custom_object(GROUP, VERSION, NS, kind, name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def _container(name: str, claim: str) -> dict[str, Any]:
+    return {"name": name, "image": BUSYBOX_REF, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", COMMAND], "resources": {"claims": [{"name": claim}]}}
+
+
+def _output(cluster: NativeCluster, pod: str, container: str) -> tuple[dict[str, str],
+                                                                       dict[str, str]]:
+    """(device node path -> "major:minor", env name -> value) the container printed."""
+    text = str(cluster.core.read_namespaced_pod_log(pod, NS, container=container))
+    nodes, env = {}, {}
+    for line in text.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "node":
+            path, numbers = rest.rsplit(" ", 1)
+            nodes[path] = numbers
+        elif kind == "env":
+            key, _, value = rest.partition("=")
+            env[key] = value
+    return nodes, env
+
+
+@pytest.fixture
+def cluster(mig_cluster: NativeCluster) -> NativeCluster:
+    from kubernetes.client.exceptions import ApiException
+
+    wait_until("the DRA driver's ResourceSlices for the node", lambda: bool(_devices(mig_cluster)),
+               60, describe=lambda: _diagnose(mig_cluster))
+    for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
+        try:
+            _objects(mig_cluster).create_cluster_custom_object(GROUP, VERSION, "deviceclasses", doc)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    wait_until("the default service account", lambda: default_service_account(mig_cluster))
+    return mig_cluster
+
+
+def test_whole_gpu_and_partition_claims_reach_their_containers_through_cdi(
+        cluster: NativeCluster) -> None:
+    host_dev_before = sorted(os.listdir("/dev"))
+    devices = _devices(cluster)
+    partitions = [n for n, d in devices.items()
+                  if d["attributes"]["type"] == {"string": "gpu-partition"}]
+    assert partitions, f"no partitions in the slices: {sorted(devices)}"
+    pod = "cdi-gpu-and-mig"
+    uids = {
+        "whole": _create_claim(cluster, "cdi-whole", "gpu.hwsandbox.dev"),
+        "part": _create_claim(
+            cluster, "cdi-part", "gpu-partition.hwsandbox.dev",
+            f'device.attributes["{DRIVER}"].profile == "{PARTITION_PROFILE}"'),
+    }
+    manifest = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+        "spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "whole", "resourceClaimName": "cdi-whole"},
+                               {"name": "part", "resourceClaimName": "cdi-part"}],
+            "containers": [_container("whole", "whole"), _container("part", "part")],
+        },
+    }  # fmt: skip
+    cluster.core.create_namespaced_pod(NS, manifest)
+    try:
+        wait_until(f"pod {pod} to run", lambda: phase(cluster, pod) != "Pending", 120,
+                   describe=lambda: events(cluster, pod) + _diagnose(cluster))
+        assert phase(cluster, pod) == "Running", events(cluster, pod) + _diagnose(cluster)
+
+        allocated: dict[str, dict[str, Any]] = {}
+        for which, claim_name in (("whole", "cdi-whole"), ("part", "cdi-part")):
+            (result,) = _claim(cluster, claim_name)["status"]["allocation"]["devices"]["results"]
+            assert (result["driver"], result["pool"]) == (DRIVER, cluster.node.name)
+            allocated[which] = devices[result["device"]]
+        whole, part = allocated["whole"], allocated["part"]
+        attr = "type"
+        assert whole["attributes"][attr] == {"string": "gpu"}
+        assert part["attributes"][attr] == {"string": "gpu-partition"}
+        assert part["attributes"]["profile"] == {"string": PARTITION_PROFILE}
+        pci = {w: d["attributes"]["resource.kubernetes.io/pciBusID"]["string"]
+               for w, d in allocated.items()}
+        assert pci["whole"] != pci["part"], "a whole GPU and a partition of it, both allocated"
+
+        for which in ("whole", "part"):
+            wait_until(f"container {which}'s output", lambda w=which: "done" in str(
+                cluster.core.read_namespaced_pod_log(pod, NS, container=w)), 30)
+            nodes, env = _output(cluster, pod, which)
+            cdi_file = cluster.layout.cdi / f"hwsandbox.dev-gpu_{uids[which]}.json"
+            (cdi_dev,) = json.loads(cdi_file.read_text())["devices"]
+            edits = cdi_dev["containerEdits"]
+            want_nodes = {n["path"] for n in edits["deviceNodes"]}
+            for n in edits["deviceNodes"]:  # the node's own device nodes, never the host's /dev
+                assert Path(n["hostPath"]) == cluster.layout.dev / n["path"].removeprefix("/dev/")
+            # exactly the claim's NVIDIA nodes, each the node's 1:3 (what up made)
+            assert set(nodes) == want_nodes, f"{which}: {nodes} vs the CDI spec {want_nodes}"
+            assert set(nodes.values()) == {"1:3"}, nodes
+            primary = f"/dev/nvidia{_minor(cluster, pci[which])}"
+            assert primary in nodes, f"{which} ({pci[which]}): {sorted(nodes)}"
+            other = "part" if which == "whole" else "whole"
+            assert f"/dev/nvidia{_minor(cluster, pci[other])}" not in nodes
+            # the env the driver set, and nothing of the other claim's
+            want_env = dict(e.split("=", 1) for e in edits["env"])
+            assert env == want_env, f"{which}: {env} vs the CDI spec {want_env}"
+            assert env.get("NVIDIA_VISIBLE_DEVICES"), env
+            if which == "part":
+                assert env["HWSANDBOX_PARTITION"] == PARTITION_PROFILE
+            else:
+                assert "HWSANDBOX_PARTITION" not in env
+        checkpoint = json.loads((cluster.layout.dra / "checkpoint.json").read_text())["claims"]
+        assert set(checkpoint) == set(uids.values())
+
+        # Pod gone -> NodeUnprepareResources for both claims, partition included.
+        _delete(cluster, "pod", pod)
+        wait_until("NodeUnprepareResources to remove both claims' CDI files",
+                   lambda: not list(cluster.layout.cdi.glob("*.json")), 90,
+                   describe=lambda: str(list(cluster.layout.cdi.glob("*.json")))
+                   + _diagnose(cluster))
+        checkpoint = json.loads((cluster.layout.dra / "checkpoint.json").read_text())["claims"]
+        assert checkpoint == {}
+        for claim_name in ("cdi-whole", "cdi-part"):
+            wait_until(f"{claim_name} to be deallocated",
+                       lambda c=claim_name: not _claim(cluster, c).get("status"), 60)
+    finally:
+        _delete(cluster, "pod", pod)
+        for claim_name in ("cdi-whole", "cdi-part"):
+            _delete(cluster, "resourceclaims", claim_name)
+    assert sorted(os.listdir("/dev")) == host_dev_before, "the host's /dev changed"
+    assert running(cluster.layout, "dra-driver") is not None, "the DRA driver died"
+
+
+def _metric_gate(text: str, gate: str) -> str | None:
+    match = re.search(rf'^kubernetes_feature_enabled\{{name="{gate}",stage="[A-Z]*"\}} (\d)$',
+                      text, re.M)
+    return match.group(1) if match else None
+
+
+def test_feature_gates_reach_every_component(cluster: NativeCluster) -> None:
+    (gate, on), = MIG_FEATURE_GATES.items()
+    want = "1" if on else "0"
+    pki = cluster.layout.pki
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    insecure = ssl.create_default_context()  # scheduler and controller-manager: self-signed
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    insecure.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    record = read_record(cluster.state_dir)
+    assert record is not None
+    assert record["feature_gates"] == MIG_FEATURE_GATES
+    ports = record["ports"]
+    api = f"https://127.0.0.1:{ports['apiserver']}"
+    urls = {
+        "kube-apiserver": (f"{api}/metrics", ctx),
+        "kubelet": (f"{api}/api/v1/nodes/{cluster.node.name}/proxy/metrics", ctx),
+        "kube-scheduler": (f"https://127.0.0.1:{ports['scheduler']}/metrics", insecure),
+        "kube-controller-manager": (
+            f"https://127.0.0.1:{ports['controller-manager']}/metrics", insecure),
+    }
+    for component, (url, context) in urls.items():
+        with urllib.request.urlopen(url, timeout=10, context=context) as resp:  # noqa: S310
+            text = resp.read().decode()
+        assert _metric_gate(text, gate) == want, (
+            f"{component}: kubernetes_feature_enabled for {gate} is "
+            f"{_metric_gate(text, gate)}, want {want}")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--runtime", "native", "--feature-gates", "DRAPartitionableDevices"],
+     "is not NAME=true or NAME=false"),
+    (["--runtime", "native", "--feature-gates", "A=yes"], "is not NAME=true or NAME=false"),
+    (["--runtime", "local", "--feature-gates", "DRAConsumableCapacity=true"],
+     "--feature-gates needs --runtime native"),
+])
+def test_up_refuses_bad_feature_gates(tmp_path: Path, args: list[str], message: str) -> None:
+    env = dict(os.environ, HWSANDBOX_STATE_DIR=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "sandbox", "up", str(MIG_PROFILE), *args],
+                          capture_output=True, text=True, timeout=60, check=False, env=env)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == [], "a refused up created state"
