@@ -88,6 +88,9 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         self._dirs: dict[int, list[tuple[bytes, str, Entry]]] = {}
         self._next_fh = 1
         self._stored: set[int] = set()  # inodes whose current bytes we put in the page cache
+        # Files changed since the kernel was last told their attributes: inode -> the bytes
+        # whose size it may still hold (see ``read``).
+        self._told: dict[int, File] = {}
         self.invalidations = 0
 
     # -- helpers ------------------------------------------------------------------------
@@ -113,6 +116,7 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
     def _attrs(self, path: str, entry: Entry) -> Any:
         a = pyfuse3.EntryAttributes()
         a.st_ino = self._inode(path, kind_of(entry))
+        self._told.pop(a.st_ino, None)  # the kernel is told the current size now
         a.generation = 0
         a.entry_timeout = CACHE_TIMEOUT
         a.attr_timeout = CACHE_TIMEOUT
@@ -270,6 +274,14 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         entry = self.live.snapshot.index.get(key[0]) if key else None
         if not isinstance(entry, File):
             raise pyfuse3.FUSEError(errno.ENODEV)  # what sysfs says once a device is gone
+        told = self._told.get(fh)
+        if told is not None and len(told.data) != len(entry.data):
+            # The kernel copies out at most the file size it holds, and a change only
+            # invalidates that size shortly before the page: a read that checked the old
+            # size and then misses the page would get new bytes cut or zero-padded to the
+            # old length ("dow" for "down"). Serve the bytes of that size, the old state;
+            # the kernel drops them itself once it learns the new size (size changed).
+            return told.data[off : off + size]
         return entry.data[off : off + size]
 
     async def release(self, fh: int) -> None:
@@ -326,6 +338,17 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
 
     async def invalidate(self, diff: Diff) -> None:
         """Tell the kernel what ``diff`` changed; returns when it has been told."""
+        # Before any await: no request is served between the commit and this.
+        previous = self.live.previous.index
+        for path, kind in diff.changed:
+            ino = self._ino.get((path, kind))
+            old = previous.get(path)
+            if ino is not None and isinstance(old, File):
+                self._told.setdefault(ino, old)  # the first: what the kernel was told
+        for path, kind in diff.removed:
+            ino = self._ino.get((path, kind))
+            if ino is not None:
+                self._told.pop(ino, None)
         ops = self.plan(diff)
         self._stored.difference_update(ino for ino, name in ops if name is None)
         if ops:

@@ -441,6 +441,7 @@ class LiveTree:
         self._cache_bytes = 0
         self.states: dict[str, DeviceState] = dict(states or {})
         self.snapshot = Snapshot.of(rebuild(self.states), 0)
+        self.previous = self.snapshot
         self._remember(self.snapshot)
         self.started_ns = clock()
         self._changed_ns: dict[str, int] = {}
@@ -546,6 +547,7 @@ class LiveTree:
         """Make a prepared change visible and return what differs from before."""
         if pending.base_version != self.snapshot.version:
             raise ControlError("concurrent change: prepare again")
+        self.previous = self.snapshot  # what the change replaced (the FUSE layer asks)
         self.snapshot = pending.snapshot
         self.states = dict(pending.states)
         self._remember(pending.snapshot)
