@@ -29,19 +29,17 @@ import os
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sandbox.catalog import find_plugin
-from sandbox.errors import CommandError, ControlError, RuntimeBackendError, SandboxError
+from sandbox.errors import ControlError, RuntimeBackendError, SandboxError
 from sandbox.profile import spec
 from sandbox.profile.spec import Cluster
-from sandbox.runtimes import agentimage
-from sandbox.runtimes.agentimage import PRELOADED_LABEL
 from sandbox.runtimes.base import (
     NodeStatus,
     Progress,
@@ -56,43 +54,22 @@ from sandbox.runtimes.imagefiles import cache_root
 from sandbox.runtimes.kindapi import (
     AGENT_NAMESPACE,
     SPEC_FILE,
+    EarlyLoad,
     agent_manifests,
     api_client,
     create,
+    docker_client,
     fail_on_broken_pods,
     ours,
+    run_cli,
     scale_coredns_to_zero,
 )
 from sandbox.runtimes.kindconfig import NODE_LABEL, HostFacts, kind_config_text
 from sandbox.runtimes.kindimage import KIND_VERSION, NODE_IMAGE, SHAPE_LABEL
+from sandbox.runtimes.steps import Step, run_steps, undo_steps
 
 AGENT_TIMEOUT = 180.0
 PLUGIN_TIMEOUT = 120.0
-
-
-def _run(argv: list[str], step: str, *, input_text: str | None = None,
-         env: dict[str, str] | None = None, timeout: float = 900) -> str:
-    try:
-        result = subprocess.run(argv, input=input_text, capture_output=True, text=True,
-                                check=False, env=env, timeout=timeout)
-    except FileNotFoundError as exc:
-        raise RuntimeBackendError(step, f"{argv[0]} not found") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeBackendError(step, f"{' '.join(argv[:3])} did not finish in "
-                                  f"{timeout:.0f}s") from exc
-    if result.returncode != 0:
-        err = CommandError(argv, result.returncode, result.stdout + result.stderr)
-        lines = [line.strip() for line in err.output.splitlines() if line.strip()]
-        said = " | ".join(lines[-2:]) or "no output"
-        raise RuntimeBackendError(step, f"`{' '.join(argv[:3])}` exited {result.returncode}: "
-                                  f"{said}") from err
-    return result.stdout
-
-
-def _docker() -> Any:
-    import docker
-
-    return docker.from_env(timeout=30)
 
 
 def network_name(name: str) -> str:
@@ -112,7 +89,7 @@ def _no_kind() -> str:
 
 # --- host facts -------------------------------------------------------------------------------
 
-def _local_docker() -> bool:
+def _localdocker_client() -> bool:
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     return host.startswith("unix://")
 
@@ -136,7 +113,7 @@ def host_facts(client: Any, image: str) -> HostFacts:
     with contextlib.suppress(Exception):
         labels = client.images.get(image).labels or {}
     return HostFacts(cgroup_v1=str(info.get("CgroupVersion", "2")) == "1",
-                     restrict_oom=_local_docker() and _caps_missing(),
+                     restrict_oom=_localdocker_client() and _caps_missing(),
                      minimal=labels.get(SHAPE_LABEL) == "minimal")
 
 
@@ -181,7 +158,7 @@ class KindRuntime:
         explicit = os.environ.get("SANDBOX_KIND_IMAGE")
         candidate = explicit or NODE_IMAGE
         try:
-            _docker().images.get(candidate)
+            docker_client().images.get(candidate)
         except Exception:  # noqa: BLE001 - not present
             return (explicit, False) if explicit else ("", False)
         return candidate, True
@@ -190,7 +167,7 @@ class KindRuntime:
         if shutil.which("kind") is None:
             return _no_kind()
         try:
-            _docker().ping()
+            docker_client().ping()
         except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
             return f"no Docker daemon reachable ({type(exc).__name__}; is dockerd running?)"
         image, present = self.node_image()
@@ -201,80 +178,8 @@ class KindRuntime:
 
     def up(self, cluster: Cluster, profile_path: str, state_dir: Path,
            progress: Progress) -> None:
-        name = state_dir.name
-        client = _docker()
-        # -- preflight
-        clusters = _run(["kind", "get", "clusters"], "preflight").split()
-        if name in clusters:
-            raise RuntimeBackendError(
-                "preflight", f"a kind cluster named {name!r} already exists (not this "
-                f"sandbox's); delete it with `kind delete cluster --name {name}` or pick "
-                "another --name")
-        image, present = self.node_image()
-        if not present and os.environ.get("SANDBOX_KIND_IMAGE"):
-            raise RuntimeBackendError(
-                "preflight", f"node image {image} is not present locally (docker pull it, or "
-                "build one offline with scripts/build-kind-node-image)")
-        nodes = state_dir / "nodes"
-        record: dict[str, Any] = {"name": name, "runtime": self.name, "profile": profile_path,
-                                  "created": time.time(), "nodes": {}, "image": image}
-        for node in cluster.nodes:
-            record["nodes"][node.name] = {"root": str(nodes / node.name / "root"),
-                                          "socket": str(nodes / node.name / "control.sock")}
-        write_record(state_dir, record)
-        for node in cluster.nodes:  # bind-mounted at STATE_IN_NODE in the node container
-            (nodes / node.name).mkdir(parents=True, exist_ok=True)
-            (nodes / node.name / SPEC_FILE).write_text(spec.dump(node))
-        # -- config
-        facts = host_facts(client, image) if image else HostFacts(
-            cgroup_v1=str(client.info().get("CgroupVersion", "2")) == "1",
-            restrict_oom=_local_docker() and _caps_missing())
-        config = state_dir / "kind-config.yaml"
-        config.write_text(kind_config_text(cluster, name, state_dir, image or None, facts))
-        if _local_docker() and _propagation(nodes) not in ("shared", "shared,slave"):
-            # Bidirectional extraMounts need a shared mount on the host side.
-            _run(["mount", "--bind", str(nodes), str(nodes)], "config")
-            record["bind_mount"] = str(nodes)
-            write_record(state_dir, record)
-            _run(["mount", "--make-rshared", str(nodes)], "config")
-        # -- cluster
-        kubeconfig = state_dir / "kubeconfig"
-        record.update(kind_cluster=name, kubeconfig=str(kubeconfig), network=network_name(name))
-        write_record(state_dir, record)
-        shape = "minimal shape: static CNI, no CoreDNS" if facts.minimal else ""
-        progress(f"creating kind cluster {name}: {len(cluster.nodes)} node(s), image "
-                 f"{image or 'kind default'}{f' ({shape})' if shape else ''}")
-        env = {**os.environ, "KIND_EXPERIMENTAL_DOCKER_NETWORK": network_name(name)}
-        # The sandbox image is built and loaded while kind creates the cluster (unpacking
-        # it in the nodes is the slow part); if that fails it is loaded again afterwards.
-        with tempfile.TemporaryDirectory(prefix="hwsb-image-") as work:
-            early = _EarlyLoad(name, client, image, Path(work), progress)
-            early.start()
-            try:
-                _run(["kind", "create", "cluster", "--name", name, "--config", str(config),
-                      "--kubeconfig", str(kubeconfig), "--wait", "180s"], "cluster", env=env)
-            except RuntimeBackendError as exc:
-                early.cancel()
-                if not image and "pull" in exc.message.lower():
-                    raise RuntimeBackendError(
-                        "cluster", "kind could not pull its default node image (no registry "
-                        "here?): build one offline with scripts/build-kind-node-image or set "
-                        f"SANDBOX_KIND_IMAGE to a local one; {exc.message}") from exc
-                raise
-            # -- image
-            early.finish()
-        api = api_client(kubeconfig)
-        if facts.minimal:
-            scale_coredns_to_zero(api)
-        # -- agent, plugins: created together (the plugin rescans every second and finds
-        # the tree once the agent has mounted it; its mount sees the tree appear)
-        progress("deploying the fake-hardware agent and the reference device plugin")
-        docs = agent_manifests(cluster)
-        create(api, docs, "agent")
-        create(api, list(yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text())),
-                "plugins")
-        self._wait_agents(api, cluster, state_dir, progress)
-        self._wait_plugins(api, cluster, progress)
+        up = _KindUp(self, cluster, profile_path, state_dir, progress)
+        run_steps(_steps(state_dir, progress, up), progress)
 
     def _wait_agents(self, api: Any, cluster: Cluster, state_dir: Path,
                      progress: Progress) -> None:
@@ -329,25 +234,7 @@ class KindRuntime:
             time.sleep(0.25)
 
     def down(self, state_dir: Path, progress: Progress) -> None:
-        record = read_record(state_dir) or {}
-        problems: list[str] = []
-        cluster = record.get("kind_cluster")
-        if cluster:
-            progress(f"deleting kind cluster {cluster}")
-            try:
-                _run(["kind", "delete", "cluster", "--name", cluster], "down")
-            except RuntimeBackendError as exc:
-                problems.append(exc.message)
-        network = record.get("network")
-        if network:
-            with contextlib.suppress(Exception):
-                _docker().networks.get(network).remove()
-        # The nodes' FUSE mounts propagated here; their servers died with the nodes.
-        for mount in _mounts_under(state_dir):
-            result = subprocess.run(["umount", "-l", mount], capture_output=True, text=True,
-                                    check=False)
-            if result.returncode != 0 and os.path.ismount(mount):
-                problems.append(f"cannot unmount {mount}: {result.stderr.strip()}")
+        problems = undo_steps(_steps(state_dir, progress), progress)
         if problems:
             raise RuntimeBackendError("down", "; ".join(problems))
         try:
@@ -395,7 +282,7 @@ class KindRuntime:
     def restart_kubelet(self, state_dir: Path, node: str) -> None:
         target = self._kind_node_for(state_dir, node)
         try:
-            result = _docker().containers.get(target).exec_run(
+            result = docker_client().containers.get(target).exec_run(
                 ["systemctl", "restart", "kubelet"])
         except Exception as exc:  # noqa: BLE001 - docker raises many types
             raise ControlError(f"restart-kubelet {node}: {exc}") from exc
@@ -410,7 +297,7 @@ class KindRuntime:
                   "[ -S \"$f\" ] && [ \"$f\" != device-plugins/kubelet.sock ] && echo \"$f\"; "
                   "done; true")
         try:
-            result = _docker().containers.get(target).exec_run(["sh", "-c", script])
+            result = docker_client().containers.get(target).exec_run(["sh", "-c", script])
         except Exception as exc:  # noqa: BLE001 - docker raises many types
             raise ControlError(f"{node}: cannot list the kubelet's plugin sockets: {exc}") from exc
         return frozenset(result.output.decode(errors="replace").split())
@@ -426,71 +313,138 @@ class KindRuntime:
         return str(items[0].metadata.name)
 
 
-class _EarlyLoad(threading.Thread):
-    """Build the sandbox image and ``kind load`` it as soon as the nodes can take it: once
-    kubeadm init has begun on the control plane, kind has finished restarting every
-    node's containerd (its config action runs first). ``finish`` waits for it, and loads
-    again the ordinary way if the early load failed or never started."""
 
-    def __init__(self, cluster: str, client: Any, node_image: str, work: Path,
-                 progress: Progress) -> None:
-        super().__init__(name="hwsb-early-load", daemon=True)
-        self.cluster, self.client, self.node_image = cluster, client, node_image
-        self.work, self.progress = work, progress
-        self.cancelled = threading.Event()
-        self.agent: agentimage.AgentImage | None = None
-        self.error: BaseException | None = None
-        self.loaded = False
 
-    def cancel(self) -> None:
-        self.cancelled.set()
-        self.join(timeout=30)
+class _KindUp:
+    """One ``up``: the steps' ``do``s, sharing what earlier steps found out."""
 
-    def _preloaded(self) -> frozenset[str]:
-        if not self.node_image:
-            return frozenset()
-        try:
-            labels = self.client.images.get(self.node_image).labels or {}
-        except Exception:  # noqa: BLE001 - no labels: ship every layer
-            return frozenset()
-        return frozenset(filter(None, labels.get(PRELOADED_LABEL, "").split(",")))
+    def __init__(self, runtime: KindRuntime, cluster: Cluster, profile_path: str,
+                 state_dir: Path, progress: Progress) -> None:
+        self.runtime, self.cluster, self.profile_path = runtime, cluster, profile_path
+        self.state_dir, self.progress = state_dir, progress
+        self.name = state_dir.name
+        self.nodes = state_dir / "nodes"
+        self.kubeconfig = state_dir / "kubeconfig"
+        self.client = docker_client()
+        self.image = ""
+        self.facts = HostFacts()
+        self.record: dict[str, Any] = {}
 
-    def _load(self) -> None:
-        assert self.agent is not None
-        if self.agent.archive is not None:
-            _run(["kind", "load", "image-archive", str(self.agent.archive), "--name",
-                  self.cluster], "image")
+    def preflight(self) -> None:
+        """No kind cluster of that name, the node image at hand; the record, each
+        replica's state dir (its node's /var/lib/hw-sandbox) and resolved spec."""
+        clusters = run_cli(["kind", "get", "clusters"], "preflight").split()
+        if self.name in clusters:
+            raise RuntimeBackendError(
+                "preflight", f"a kind cluster named {self.name!r} already exists (not this "
+                f"sandbox's); delete it with `kind delete cluster --name {self.name}` or pick "
+                "another --name")
+        image, present = self.runtime.node_image()
+        if not present and os.environ.get("SANDBOX_KIND_IMAGE"):
+            raise RuntimeBackendError(
+                "preflight", f"node image {image} is not present locally (docker pull it, or "
+                "build one offline with scripts/build-kind-node-image)")
+        self.image = image
+        self.record = {"name": self.name, "runtime": "kind", "profile": self.profile_path,
+                       "created": time.time(), "nodes": {}, "image": image}
+        for node in self.cluster.nodes:
+            self.record["nodes"][node.name] = {
+                "root": str(self.nodes / node.name / "root"),
+                "socket": str(self.nodes / node.name / "control.sock")}
+        write_record(self.state_dir, self.record)
+        for node in self.cluster.nodes:  # bind-mounted at STATE_IN_NODE in the node container
+            (self.nodes / node.name).mkdir(parents=True, exist_ok=True)
+            (self.nodes / node.name / SPEC_FILE).write_text(spec.dump(node))
+
+    def config(self) -> None:
+        """The kind config for this Docker host and node image; a shared mount for the
+        nodes' state dirs (Bidirectional extraMounts need one on the host side)."""
+        if self.image:
+            self.facts = host_facts(self.client, self.image)
         else:
-            _run(["kind", "load", "docker-image", self.agent.ref, "--name", self.cluster],
-                 "image")
+            self.facts = HostFacts(
+                cgroup_v1=str(self.client.info().get("CgroupVersion", "2")) == "1",
+                restrict_oom=_localdocker_client() and _caps_missing())
+        config = self.state_dir / "kind-config.yaml"
+        config.write_text(kind_config_text(self.cluster, self.name, self.state_dir,
+                                           self.image or None, self.facts))
+        if _localdocker_client() and _propagation(self.nodes) not in ("shared", "shared,slave"):
+            run_cli(["mount", "--bind", str(self.nodes), str(self.nodes)], "config")
+            self.record["bind_mount"] = str(self.nodes)
+            write_record(self.state_dir, self.record)
+            run_cli(["mount", "--make-rshared", str(self.nodes)], "config")
 
-    def run(self) -> None:
-        try:
-            self.agent = agentimage.build(self.progress, self.work, self._preloaded())
-            control_plane = f"{self.cluster}-control-plane"
-            while not self.cancelled.is_set():
-                with contextlib.suppress(Exception):
-                    done = self.client.containers.get(control_plane).exec_run(
-                        ["test", "-e", "/etc/kubernetes/manifests/kube-apiserver.yaml"])
-                    if done.exit_code == 0:
-                        break
-                self.cancelled.wait(0.5)
-            else:
-                return
-            self.progress(f"loading {agentimage.IMAGE} into the node(s) while kubeadm runs "
-                          f"({self.agent.shipped})")
-            self._load()
-            self.loaded = True
-        except BaseException as exc:  # noqa: BLE001 - reported by finish()
-            self.error = exc
+    def cluster_and_image(self) -> None:
+        """``kind create cluster`` on a network of its own; the sandbox image is built and
+        loaded while kind creates the cluster (unpacking it in the nodes is the slow part);
+        if that fails it is loaded again afterwards."""
+        self.record.update(kind_cluster=self.name, kubeconfig=str(self.kubeconfig),
+                           network=network_name(self.name))
+        write_record(self.state_dir, self.record)
+        shape = "minimal shape: static CNI, no CoreDNS" if self.facts.minimal else ""
+        self.progress(f"creating kind cluster {self.name}: {len(self.cluster.nodes)} node(s), "
+                      f"image {self.image or 'kind default'}{f' ({shape})' if shape else ''}")
+        env = {**os.environ, "KIND_EXPERIMENTAL_DOCKER_NETWORK": network_name(self.name)}
+        with tempfile.TemporaryDirectory(prefix="hwsb-image-") as work:
+            early = EarlyLoad(self.name, self.client, self.image, Path(work), self.progress)
+            early.start()
+            try:
+                run_cli(["kind", "create", "cluster", "--name", self.name, "--config",
+                         str(self.state_dir / "kind-config.yaml"), "--kubeconfig",
+                         str(self.kubeconfig), "--wait", "180s"], "cluster", env=env)
+            except RuntimeBackendError as exc:
+                early.cancel()
+                if not self.image and "pull" in exc.message.lower():
+                    raise RuntimeBackendError(
+                        "cluster", "kind could not pull its default node image (no registry "
+                        "here?): build one offline with scripts/build-kind-node-image or set "
+                        f"SANDBOX_KIND_IMAGE to a local one; {exc.message}") from exc
+                raise
+            early.finish()  # errors here name the step "image"
 
-    def finish(self) -> None:
-        self.join()
-        if self.loaded:
-            return
-        if self.agent is None and self.error is not None:
-            raise self.error  # building the image failed: trying again cannot help
-        if self.agent is None:
-            self.agent = agentimage.build(self.progress, self.work, self._preloaded())
-        self.progress(f"loading {agentimage.IMAGE} into the node(s) ({self.agent.shipped})")
-        self._load()
+    def agent_and_plugins(self) -> None:
+        """The agent DaemonSets and our device plugin, created together (the plugin finds
+        the tree once the agent has mounted it; its mount sees the tree appear); then
+        until every node serves its tree and advertises."""
+        api = api_client(self.kubeconfig)
+        if self.facts.minimal:
+            scale_coredns_to_zero(api)
+        self.progress("deploying the fake-hardware agent and the reference device plugin")
+        create(api, agent_manifests(self.cluster), "agent")
+        create(api, list(yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text())),
+               "plugins")
+        self.runtime._wait_agents(api, self.cluster, self.state_dir, self.progress)
+        self.runtime._wait_plugins(api, self.cluster, self.progress)
+
+
+def _steps(state_dir: Path, progress: Progress, up: _KindUp | None = None) -> list[Step]:
+    """``up``'s steps (with their ``do``s when given a ``_KindUp``); ``down`` undoes the
+    same list: deleting the cluster removes the agents and plugins with it."""
+
+    def delete_cluster() -> None:
+        record = read_record(state_dir) or {}
+        if record.get("kind_cluster"):
+            progress(f"deleting kind cluster {record['kind_cluster']}")
+            run_cli(["kind", "delete", "cluster", "--name", record["kind_cluster"]], "down")
+        if record.get("network"):
+            with contextlib.suppress(Exception):
+                docker_client().networks.get(record["network"]).remove()
+
+    def unmount_all() -> None:
+        # The nodes' FUSE mounts propagated here (their servers died with the nodes), and
+        # the shared bind mount the config step made.
+        problems = []
+        for mount in _mounts_under(state_dir):
+            result = subprocess.run(["umount", "-l", mount], capture_output=True, text=True,
+                                    check=False)
+            if result.returncode != 0 and os.path.ismount(mount):
+                problems.append(f"cannot unmount {mount}: {result.stderr.strip()}")
+        if problems:
+            raise SandboxError("; ".join(problems))
+
+    steps = [Step("preflight"), Step("config", undo=unmount_all),
+             Step("cluster", undo=delete_cluster), Step("agent")]
+    if up is None:
+        return steps
+    dos = [up.preflight, up.config, up.cluster_and_image, up.agent_and_plugins]
+    return [replace(step, do=do) for step, do in zip(steps, dos, strict=True)]

@@ -1,4 +1,5 @@
-"""What the kind runtime creates in, and reads from, a kind cluster (the official client).
+"""What the kind runtime creates in, and reads from, a kind cluster (the official client),
+and the kind/docker CLI it runs (``run_cli``, ``EarlyLoad``).
 
 ``agent_manifests``: the namespace, the profile ConfigMap and one privileged agent
 DaemonSet per node replica (``sandbox mount`` of that replica at ``ROOT_IN_NODE``). The
@@ -9,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
 from sandbox.profile.spec import Cluster
-from sandbox.runtimes.agentimage import IMAGE
+from sandbox.runtimes import agentimage
+from sandbox.runtimes.agentimage import IMAGE, PRELOADED_LABEL
+from sandbox.runtimes.base import Progress
 from sandbox.runtimes.kindconfig import NODE_LABEL
 
 AGENT_NAMESPACE = "hw-sandbox"
@@ -145,3 +150,98 @@ def install_nvml(state_dir: Path) -> list[Path]:
             shutil.copy2(lib, node_dir / "nvml" / lib.name)
             placed.append(node_dir / "nvml" / lib.name)
     return placed
+
+
+def run_cli(argv: list[str], step: str, *, input_text: str | None = None,
+         env: dict[str, str] | None = None, timeout: float = 900) -> str:
+    try:
+        result = subprocess.run(argv, input=input_text, capture_output=True, text=True,
+                                check=False, env=env, timeout=timeout)
+    except FileNotFoundError as exc:
+        raise RuntimeBackendError(step, f"{argv[0]} not found") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeBackendError(step, f"{' '.join(argv[:3])} did not finish in "
+                                  f"{timeout:.0f}s") from exc
+    if result.returncode != 0:
+        err = CommandError(argv, result.returncode, result.stdout + result.stderr)
+        lines = [line.strip() for line in err.output.splitlines() if line.strip()]
+        said = " | ".join(lines[-2:]) or "no output"
+        raise RuntimeBackendError(step, f"`{' '.join(argv[:3])}` exited {result.returncode}: "
+                                  f"{said}") from err
+    return result.stdout
+
+
+def docker_client() -> Any:
+    import docker
+
+    return docker.from_env(timeout=30)
+
+
+class EarlyLoad(threading.Thread):
+    """Build the sandbox image and ``kind load`` it as soon as the nodes can take it: once
+    kubeadm init has begun on the control plane, kind has finished restarting every
+    node's containerd (its config action runs first). ``finish`` waits for it, and loads
+    again the ordinary way if the early load failed or never started."""
+
+    def __init__(self, cluster: str, client: Any, node_image: str, work: Path,
+                 progress: Progress) -> None:
+        super().__init__(name="hwsb-early-load", daemon=True)
+        self.cluster, self.client, self.node_image = cluster, client, node_image
+        self.work, self.progress = work, progress
+        self.cancelled = threading.Event()
+        self.agent: agentimage.AgentImage | None = None
+        self.error: BaseException | None = None
+        self.loaded = False
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.join(timeout=30)
+
+    def _preloaded(self) -> frozenset[str]:
+        if not self.node_image:
+            return frozenset()
+        try:
+            labels = self.client.images.get(self.node_image).labels or {}
+        except Exception:  # noqa: BLE001 - no labels: ship every layer
+            return frozenset()
+        return frozenset(filter(None, labels.get(PRELOADED_LABEL, "").split(",")))
+
+    def _load(self) -> None:
+        assert self.agent is not None
+        if self.agent.archive is not None:
+            run_cli(["kind", "load", "image-archive", str(self.agent.archive), "--name",
+                  self.cluster], "image")
+        else:
+            run_cli(["kind", "load", "docker-image", self.agent.ref, "--name", self.cluster],
+                 "image")
+
+    def run(self) -> None:
+        try:
+            self.agent = agentimage.build(self.progress, self.work, self._preloaded())
+            control_plane = f"{self.cluster}-control-plane"
+            while not self.cancelled.is_set():
+                with contextlib.suppress(Exception):
+                    done = self.client.containers.get(control_plane).exec_run(
+                        ["test", "-e", "/etc/kubernetes/manifests/kube-apiserver.yaml"])
+                    if done.exit_code == 0:
+                        break
+                self.cancelled.wait(0.5)
+            else:
+                return
+            self.progress(f"loading {agentimage.IMAGE} into the node(s) while kubeadm runs "
+                          f"({self.agent.shipped})")
+            self._load()
+            self.loaded = True
+        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+            self.error = exc
+
+    def finish(self) -> None:
+        self.join()
+        if self.loaded:
+            return
+        if self.agent is None and self.error is not None:
+            raise self.error  # building the image failed: trying again cannot help
+        if self.agent is None:
+            self.agent = agentimage.build(self.progress, self.work, self._preloaded())
+        self.progress(f"loading {agentimage.IMAGE} into the node(s) ({self.agent.shipped})")
+        self._load()
