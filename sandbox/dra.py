@@ -1,4 +1,5 @@
-"""What the reference DRA driver is given and would publish for a resolved node.
+"""What the reference DRA driver is given and would publish for a resolved node, and what
+a running cluster's claims hold (``usage``: ``sandbox dra claims``).
 
 ``driver_config`` is the ``--config`` of ``python -m hwplugins.dra``: the GPU models'
 memory and partition schemes, which real drivers learn from NVML rather than sysfs.
@@ -10,7 +11,9 @@ driver's own discovery and slice building on it (no cluster). Used by the native
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from hwplugins.dra import ConfigError, build_pool, config_from_devices, discover, parse_config
@@ -54,3 +57,105 @@ def node_slices(node: NodeSpec, compatibility_groups: bool = False,
         render(build_tree(node), tmp, force=True)
         pool = build_pool(discover(tmp), config, compatibility_groups, skip_node_operations)
     return make_slices(pool, node.name)
+
+
+# -- what is allocated, and what is left: `sandbox dra claims` ---------------------------
+
+
+@dataclass(frozen=True)
+class Allocated:
+    """One device allocated to one claim."""
+
+    claim: str  # namespace/name
+    pods: tuple[str, ...]  # the pods the claim is reserved for
+    request: str
+    driver: str
+    pool: str  # our driver's pool is its node's name
+    device: str
+    consumed: tuple[tuple[str, str], ...]  # what the device takes from shared counters or
+    # from its own consumable capacity, e.g. (("memory", "10Gi"), ("bandwidth", "3G"))
+
+
+@dataclass(frozen=True)
+class Left:
+    """One shared counter (of a GPU's counter set) or one consumable capacity (of a
+    device such as a NIC's bandwidth): how much there is, how much allocations use."""
+
+    pool: str
+    owner: str  # the counter set, or the device
+    name: str  # the counter or the capacity
+    total: Decimal
+    used: Decimal
+
+
+@dataclass(frozen=True)
+class Usage:
+    allocated: tuple[Allocated, ...]
+    counters: tuple[Left, ...]
+    capacity: tuple[Left, ...]
+
+
+def usage(slices: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any]]) -> Usage:
+    """What the cluster's ResourceClaims hold of its ResourceSlices (resource.k8s.io/v1
+    objects as plain data): every allocated device with what it consumes, and per shared
+    counter and per consumable capacity how much is left."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    devices: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    counters: dict[tuple[str, str, str], Decimal] = {}
+    for s in slices:
+        spec = s.get("spec", {})
+        driver, pool = spec.get("driver", ""), spec.get("pool", {}).get("name", "")
+        for cs in spec.get("sharedCounters") or []:
+            for name, c in (cs.get("counters") or {}).items():
+                counters[(pool, cs["name"], name)] = parse_quantity(c["value"])
+        for d in spec.get("devices") or []:
+            devices[(driver, pool, d["name"])] = d
+    used_counters = dict.fromkeys(counters, Decimal(0))
+    capacity: dict[tuple[str, str, str], Decimal] = {}
+    used_capacity: dict[tuple[str, str, str], Decimal] = {}
+    allocated = []
+    for c in claims:
+        meta, status = c.get("metadata", {}), c.get("status") or {}
+        pods = tuple(r["name"] for r in status.get("reservedFor") or [])
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        for r in results:
+            device = devices.get((r["driver"], r["pool"], r["device"]), {})
+            consumed = []
+            for cc in device.get("consumesCounters") or []:
+                for name, v in (cc.get("counters") or {}).items():
+                    key = (r["pool"], cc["counterSet"], name)
+                    used_counters[key] = used_counters.get(key, Decimal(0)) + parse_quantity(
+                        v["value"])
+                    consumed.append((name, str(v["value"])))
+            for name, v in (r.get("consumedCapacity") or {}).items():
+                key = (r["pool"], r["device"], name)
+                total = (device.get("capacity") or {}).get(name, {}).get("value", "0")
+                capacity[key] = parse_quantity(total)
+                used_capacity[key] = used_capacity.get(key, Decimal(0)) + parse_quantity(v)
+                consumed.append((name, str(v)))
+            allocated.append(Allocated(
+                f"{meta.get('namespace', '')}/{meta.get('name', '')}", pods, r["request"],
+                r["driver"], r["pool"], r["device"], tuple(consumed)))
+    return Usage(
+        tuple(sorted(allocated, key=lambda a: (a.claim, a.request, a.device))),
+        tuple(Left(*k, counters[k], used_counters[k]) for k in sorted(counters)),
+        tuple(Left(*k, capacity[k], used_capacity[k]) for k in sorted(capacity)),
+    )
+
+
+def read_usage(kubeconfig: str) -> Usage:
+    """``usage`` of the cluster ``kubeconfig`` names (the official client)."""
+    from kubernetes import client, config
+
+    api = config.new_client_from_config(config_file=kubeconfig)
+    try:
+        objects = client.CustomObjectsApi(api)
+        slices = objects.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
+        claims = objects.list_cluster_custom_object("resource.k8s.io", "v1", "resourceclaims")
+    except Exception as exc:  # noqa: BLE001 - ApiException, connection errors, ...
+        raise SandboxError(f"cannot read ResourceSlices and ResourceClaims: "
+                           f"{str(exc).strip().splitlines()[0]}") from exc
+    finally:
+        api.close()
+    return usage(slices.get("items", []), claims.get("items", []))

@@ -1,24 +1,32 @@
-"""`sandbox dra slices|config PROFILE`: what the reference DRA driver would publish.
+"""`sandbox dra slices|config PROFILE`: what the reference DRA driver would publish;
+`sandbox dra claims`: what a running sandbox's claims hold and what is left.
 
 ``slices`` renders the node's fake root to a temporary directory and runs the driver's own
 discovery and slice building on it (no cluster); ``config`` prints the driver config
 (``--config`` of ``python -m hwplugins.dra``) that carries the GPU models' memory and
-partition schemes, which real drivers learn from NVML rather than sysfs. Both come from
-``sandbox.dra``; this module only parses arguments and prints.
+partition schemes, which real drivers learn from NVML rather than sysfs. ``claims`` reads
+the cluster's ResourceClaims and ResourceSlices: which pod's claim holds which device or
+partition, and per GPU counter set and per consumable capacity (a NIC's bandwidth) how
+much is used and left. All of it comes from ``sandbox.dra``; this module only parses
+arguments and prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from decimal import Decimal
 
 import yaml
 from hwplugins.dra.slices import TYPES
 
-from sandbox.dra import driver_config, node_slices
+from sandbox.dra import driver_config, node_slices, read_usage
 from sandbox.errors import SandboxError
 from sandbox.profile import load_profile
+from sandbox.session import find_session
+from sandbox.textui import table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,10 +44,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="comma-separated device types for the control plane only "
                    "(needs DRAOptionalNodeOperations)")
     c.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    u = verbs.add_parser("claims", help="on a running sandbox: which claim holds which device "
+                         "or partition, and what is left of each GPU's counters and each "
+                         "NIC's bandwidth")
+    u.add_argument("--name", help="which sandbox (default: the only one running)")
+    u.add_argument("--kubeconfig", help="any cluster instead of a sandbox")
+    u.add_argument("-o", "--output", choices=("table", "json"), default="table")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dra_command == "claims":
+        return _claims(args)
     cluster = load_profile(args.profile).cluster
     node = cluster.node(args.node) if args.node else (cluster.nodes or (None,))[0]
     if node is None:
@@ -60,3 +76,41 @@ def run(args: argparse.Namespace) -> int:
     yaml.safe_dump_all(node_slices(node, args.compatibility_groups, skip), sys.stdout,
                        sort_keys=False)  # fmt: skip
     return 0
+
+
+def _claims(args: argparse.Namespace) -> int:
+    kubeconfig = args.kubeconfig
+    if kubeconfig is None:
+        session = find_session(args.name)
+        kubeconfig = session.record.get("kubeconfig")
+        if not kubeconfig:
+            raise SandboxError(f"sandbox {session.name!r} runs the {session.runtime} runtime, "
+                               "which has no API server and no claims; use --runtime native "
+                               "or kind")
+    use = read_usage(str(kubeconfig))
+    if args.output == "json":
+        json.dump(dataclasses.asdict(use), sys.stdout, indent=2, default=str)
+        print()
+        return 0
+    print(table(("CLAIM", "POD", "REQUEST", "POOL", "DEVICE", "TAKES"), [
+        (a.claim, ",".join(a.pods) or "-", a.request, a.pool, a.device,
+         ", ".join(f"{k} {v}" for k, v in a.consumed) or "-") for a in use.allocated])
+        if use.allocated else "no allocated claims")
+    for title, rows in (("COUNTER SET", use.counters), ("DEVICE", use.capacity)):
+        if rows:
+            print()
+            print(table(("POOL", title, "OF", "USED", "LEFT", "TOTAL"), [
+                (r.pool, r.owner, r.name, _q(r.used), _q(r.total - r.used), _q(r.total))
+                for r in rows]))
+    return 0
+
+
+def _q(value: Decimal) -> str:
+    """A quantity as people write it: 10Gi, 3G, 7."""
+    if value == 0:
+        return "0"
+    for suffix, factor in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("T", 10**12),
+                           ("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if value % factor == 0:
+            return f"{value // factor}{suffix}"
+    return str(value)

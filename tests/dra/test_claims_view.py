@@ -1,0 +1,75 @@
+"""`sandbox dra claims` on a cluster with the REAL scheduler: what it shows is what the
+API objects say (which claim holds which partition or NIC share, what is left)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from decimal import Decimal
+
+import pytest
+from kubernetes.utils.quantity import parse_quantity
+
+from sandbox.dra import usage
+from tests.dra.cluster import GROUP, REPO, VERSION, Cluster, Node, attr, cel
+from tests.dra.cluster import cluster as start
+from tests.dra.cluster import name as _name
+
+NODES = {"dra-worker": Node("tests/data/dra-nic-gpu.yaml")}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with start(NODES) as c:
+        yield c
+
+
+def test_claims_view_matches_the_api_objects(cluster: Cluster) -> None:
+    nic = {"deviceClassName": "nic.hwsandbox.dev", "capacity": {"requests": {"bandwidth": "3G"}}}
+    part = {"deviceClassName": "gpu-partition.hwsandbox.dev",
+            "selectors": cel(f'{attr("profile")} == "1g.10gb"')}
+    claims = {_name("bw"): nic, _name("bw"): nic, _name("mig"): part}
+    for n, request in claims.items():
+        cluster.claim(n, request)
+        cluster.pod(n, "dra-worker", claim=n)
+    for n in claims:
+        cluster.wait(f"claim {n} reserved for its pod", lambda n=n: (
+            cluster.get_claim(n).get("status") or {}).get("reservedFor"))
+
+    slices = cluster.objects.list_cluster_custom_object(GROUP, VERSION, "resourceslices")
+    objects = cluster.objects.list_cluster_custom_object(GROUP, VERSION, "resourceclaims")
+    use = usage(slices["items"], objects["items"])
+    # every allocation result of every claim, with the pod it is reserved for
+    want = {(f"default/{c['metadata']['name']}", r["device"], r["pod"] if "pod" in r else
+             c["status"]["reservedFor"][0]["name"])
+            for c in objects["items"] for r in c["status"]["allocation"]["devices"]["results"]}
+    assert {(a.claim, a.device, a.pods[0]) for a in use.allocated} == want
+    # the NIC: two 3G shares of its 10G bandwidth
+    [bw] = [x for x in use.capacity if x.name == "bandwidth"]
+    assert (bw.total, bw.used) == (parse_quantity("10G"), parse_quantity("6G"))
+    # the GPU: what its counter set has, less what the 1g.10gb partition consumes
+    [mig] = [a for a in use.allocated if a.claim.startswith("default/mig-")]
+    device = next(d for s in slices["items"] for d in s["spec"].get("devices", [])
+                  if d["name"] == mig.device)
+    for cc in device["consumesCounters"]:
+        for counter, value in cc["counters"].items():
+            [left] = [x for x in use.counters
+                      if (x.owner, x.name) == (cc["counterSet"], counter)]
+            assert left.used == parse_quantity(value["value"])
+            assert left.total > left.used >= Decimal(0)
+
+    # the CLI prints the same, as a table and as JSON
+    out = subprocess.run([sys.executable, "-m", "sandbox", "dra", "claims", "--kubeconfig",
+                          str(cluster.cp.kubeconfig)], cwd=REPO, capture_output=True,
+                         text=True, check=True, timeout=60).stdout
+    for claim, device, pod in want:
+        assert any(claim in line and device in line and pod in line
+                   for line in out.splitlines()), out
+    assert "bandwidth  6G    4G    10G" in out, out
+    data = json.loads(subprocess.run(
+        [sys.executable, "-m", "sandbox", "dra", "claims", "--kubeconfig",
+         str(cluster.cp.kubeconfig), "-o", "json"], cwd=REPO, capture_output=True, text=True,
+        check=True, timeout=60).stdout)
+    assert len(data["allocated"]) == len(want)
