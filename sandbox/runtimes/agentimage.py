@@ -73,11 +73,28 @@ def _check_python() -> None:
             "from a Python 3.11")
 
 
+def patched_pyfuse3() -> Path | None:
+    """The pyfuse3 wheel with our patch (scripts/build-pyfuse3 builds it into the cache,
+    keyed by the patch's hash), so that the agent serves in the fast no-open mode too;
+    None outside a checkout or before it was built (the agent then says so, once)."""
+    patch = Path(__file__).resolve().parents[2] / "scripts" / "pyfuse3-hwsandbox.patch"
+    if not patch.is_file():
+        return None
+    key = hashlib.sha256(patch.read_bytes()).hexdigest()[:12]
+    wheels = sorted((cache_root() / "pyfuse3").glob(f"*-{key}/pyfuse3-*-cp311-*.whl"))
+    return wheels[-1] if wheels else None
+
+
 def deps_layer(progress: Progress) -> Path:
     """Layer 2: the dependencies under /opt/hw-sandbox/site, as a deterministic tar."""
     _check_python()
     reqs = requirements()
-    key = hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:12]
+    keyed = list(reqs)
+    wheel = patched_pyfuse3()
+    if wheel is not None:  # instead of building the unpatched sdist from PyPI
+        reqs = [r for r in reqs if not r.lower().startswith("pyfuse3")] + [str(wheel)]
+        keyed = reqs[:-1] + [hashlib.sha256(wheel.read_bytes()).hexdigest()]
+    key = hashlib.sha256("\n".join(keyed).encode()).hexdigest()[:12]
     out = cache_root() / "agent-image" / f"deps-py311-{key}.tar"
     if out.is_file():
         return out

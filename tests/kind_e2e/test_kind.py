@@ -45,6 +45,14 @@ def test_node_ready_with_eight_gpus(gpu: KindSandbox) -> None:
     assert GPU not in control[0]["status"]["capacity"]
 
 
+def test_agent_serves_in_the_fast_mode(gpu: KindSandbox) -> None:
+    """The sandbox image carries our patched pyfuse3 (scripts/build-pyfuse3): the node's
+    FUSE server answers OPEN with ENOSYS once and the kernel keeps its caches."""
+    logs = gpu.kubectl("-n", "hw-sandbox", "logs", "-l",
+                       "app.kubernetes.io/name=hw-sandbox-agent", "--tail=-1")
+    assert "lacks hw-sandbox's patch" not in logs, logs
+
+
 def test_pod_gets_exactly_two_gpus(gpu: KindSandbox) -> None:
     pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "two-gpus"},
