@@ -132,10 +132,34 @@ def setup() -> Iterator[Setup]:
             s = Setup(cp, client.CustomObjectsApi(api), client.CustomObjectsApi(client_for(mine)),
                       client.CustomObjectsApi(client_for(other)), watcher, proc, log)
             try:
+                _wait_policy_enforced(s)
                 yield s
             finally:
                 proc.terminate()
                 proc.wait(15)
+
+
+def _wait_policy_enforced(setup: Setup, timeout: float = 60) -> None:
+    """A ValidatingAdmissionPolicy is enforced only once the apiserver's informers have
+    seen it and its binding (seconds after they are created): until then a probe slice of
+    another node's driver is admitted. Probe (and delete the probe) until it is refused."""
+    probe = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceSlice",
+             "metadata": {"name": "policy-probe"},
+             "spec": {"driver": DRIVER, "nodeName": NODE, "devices": [],
+                      "pool": {"name": "policy-probe", "generation": 1,
+                               "resourceSliceCount": 1}}}  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            setup.as_other.create_cluster_custom_object(GROUP, VERSION, "resourceslices", probe)
+        except ApiException as exc:
+            if "may only write ResourceSlices" in (exc.body or ""):
+                return
+            raise
+        setup.admin.delete_cluster_custom_object(GROUP, VERSION, "resourceslices",
+                                                 "policy-probe")
+        time.sleep(0.5)
+    pytest.fail(f"the admission policy was not enforced within {timeout:.0f}s")
 
 
 def client_for(kubeconfig: Path) -> client.ApiClient:
