@@ -8,6 +8,7 @@ Each undo finds nothing to do for a step that never ran.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import ssl
 import subprocess
@@ -162,6 +163,7 @@ class Up:
         """containerd (seeing the node's device nodes), until serving."""
         self.progress("containerd")
         lay = self.layout
+        self._share_kubelet_root()
         for d in (lay.containerd, lay.cni / "net.d", lay.cdi, lay.cdi_plugins, lay.kubelet):
             d.mkdir(parents=True, exist_ok=True)
         runc = shutil.which("runc")
@@ -179,6 +181,19 @@ class Up:
         wait_for(self.layout, "containerd", "serving",
                  lambda: subprocess.run([*ctr(self.layout), "version"], capture_output=True,
                                         check=False).returncode == 0, 60)
+
+    def _share_kubelet_root(self) -> None:
+        """Make the kubelet root a shared mount (a bind of itself), so the volumes the
+        kubelet mounts for pods later (the service account token's projected tmpfs,
+        secrets, configmaps) propagate into containerd's own mount namespace, a slave
+        copy (``with_node_dev``). On hosts whose / is private (this VM's) nothing would
+        propagate and a pod would find its token dir empty (seen: ``open
+        /var/run/secrets/kubernetes.io/serviceaccount/token: no such file or directory``).
+        ``down`` unmounts it with everything else below the kubelet root."""
+        root = str(self.root)
+        if not os.path.ismount(root):
+            run(["mount", "--bind", root, root])
+        run(["mount", "--make-rshared", root])
 
     def images(self) -> None:
         """The local pause and busybox images, imported."""
