@@ -1,0 +1,201 @@
+"""kubernetes-sigs' dra-example-driver v0.2.0, unmodified, on the native runtime (issue 15,
+item 6).
+
+Built from its Go module (scripts/build-plugins dra-example-driver, into the cache), put
+into an OCI image from that local file (``sandbox.runtimes._images``; there is no
+registry), imported into the node's containerd and run by the DaemonSet of our own
+manifest (plugins/manifests/dra-example-driver.yaml), with two native-runtime settings the
+manifest's header names: its CDI_ROOT volume is ``state_dir/cdi-plugins`` (one of
+containerd's ``cdi_spec_dirs``) and the API server is reached at the host address (no
+kube-proxy: the Service IP does not route). Then, with the real scheduler, kubelet and
+containerd: its ResourceSlice (8 fake GPUs of driver gpu.example.com) is published, a claim
+for one of them is allocated and prepared, and the pod sees the driver's env through CDI.
+
+Runs on ``mig_cluster`` (the cluster test_native_dra_cdi.py leaves up), next to our own DRA
+driver: two drivers on one kubelet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import REPO, NativeCluster, default_service_account, events, phase, wait_until
+
+from sandbox.runtimes import _images
+from sandbox.runtimes.base import read_record
+from sandbox.runtimes.native import BUSYBOX_REF, bin_dir, cache_dir
+
+DRIVER = "gpu.example.com"
+VERSION = "v0.2.0"
+IMAGE = f"localhost/hw-sandbox/dra-example-driver:{VERSION}"
+MANIFEST = REPO / "plugins" / "manifests" / "dra-example-driver.yaml"
+BUILD_PLUGINS = REPO / "scripts" / "build-plugins"
+GROUP, API, NS = "resource.k8s.io", "v1", "default"
+
+
+def _binary() -> Path:
+    result = subprocess.run([str(BUILD_PLUGINS), "dra-example-driver"], capture_output=True,
+                            text=True, check=False, timeout=3600)
+    if result.returncode != 0:
+        pytest.fail(f"scripts/build-plugins dra-example-driver failed:\n{result.stderr[-3000:]}\n"
+                    "It needs Go >= 1.26 on PATH and the Go module proxy.", pytrace=False)
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def _image(binary: Path) -> Path:
+    """An OCI tarball: the released binary at /usr/bin, nothing else (it is static)."""
+    data = binary.read_bytes()
+    cache = cache_dir() / "images"
+    cache.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(data + IMAGE.encode()).hexdigest()[:16]
+    dest = cache / f"dra-example-driver-{digest}.oci.tar"
+    if not dest.is_file():
+        layer = _images.Layer(
+            files={"/usr/bin/dra-example-kubeletplugin": data},
+            executables={"/usr/bin/dra-example-kubeletplugin"},
+            symlinks={}, dirs={"/tmp", "/var", "/var/run", "/etc"})
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        _images.write_image(tmp, IMAGE, layer, cmd=["/usr/bin/dra-example-kubeletplugin"])
+        tmp.replace(dest)
+    return dest
+
+
+def _manifest(cluster: NativeCluster) -> str:
+    record = read_record(cluster.state_dir)
+    assert record is not None
+    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    spec = ds["spec"]["template"]["spec"]
+    (cdi,) = [v for v in spec["volumes"] if v["name"] == "cdi"]
+    cdi["hostPath"]["path"] = str(cluster.layout.cdi_plugins)
+    (plugin,) = spec["containers"]
+    plugin["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": record["host_ip"]},
+                      {"name": "KUBERNETES_SERVICE_PORT",
+                       "value": str(record["ports"]["apiserver"])}]
+    return yaml.safe_dump_all(docs)
+
+
+def _kubectl(cluster: NativeCluster, *args: str, stdin: str | None = None) -> str:
+    kubectl = bin_dir() / "kubectl"
+    if not kubectl.is_file():
+        pytest.fail(f"{kubectl} missing: run scripts/build-k8s", pytrace=False)
+    result = subprocess.run([str(kubectl), "--kubeconfig", str(cluster.kubeconfig), *args],
+                            input=stdin, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
+    return result.stdout
+
+
+def _objects(cluster: NativeCluster) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(cluster.core.api_client)
+
+
+def _slice_devices(cluster: NativeCluster) -> list[str]:
+    items = _objects(cluster).list_cluster_custom_object(
+        GROUP, API, "resourceslices",
+        field_selector=f"spec.nodeName={cluster.node.name},spec.driver={DRIVER}")["items"]
+    return sorted(d["name"] for s in items for d in s["spec"].get("devices", []))
+
+
+def _driver_state(cluster: NativeCluster) -> str:
+    pods = cluster.core.list_namespaced_pod(
+        "kube-system", label_selector="app.kubernetes.io/name=dra-example-driver").items
+    out = []
+    for p in pods:
+        out.append(f"{p.metadata.name}: {p.status.phase}; volumes "
+                   f"{[(v.name, v.projected is not None) for v in p.spec.volumes or []]}; "
+                   f"mounts {[(m.name, m.mount_path) for m in p.spec.containers[0].volume_mounts]}")
+        try:
+            log = cluster.core.read_namespaced_pod_log(p.metadata.name, "kube-system",
+                                                       tail_lines=20)
+            out.append(str(log))
+        except Exception as exc:  # noqa: BLE001 - diagnostics only
+            out.append(f"(no log: {exc})")
+    return "\n".join(out) or "no dra-example-driver pod"
+
+
+def test_dra_example_driver_publishes_allocates_and_injects_env(
+        mig_cluster: NativeCluster) -> None:
+    cluster = mig_cluster
+    started = time.monotonic()
+    tarball = _image(_binary())
+    cluster.ctr("images", "import", str(tarball))
+    assert IMAGE in cluster.ctr("images", "ls", "-q").split()
+    manifest = _manifest(cluster)
+    wait_until("the default service account", lambda: default_service_account(cluster))
+    _kubectl(cluster, "apply", "-f", "-", stdin=manifest)
+    pod = "example-gpu"
+    try:
+        wait_until(f"{DRIVER}'s ResourceSlice with 8 devices",
+                   lambda: len(_slice_devices(cluster)) == 8, 120,
+                   describe=lambda: f"{_slice_devices(cluster)}\n{_driver_state(cluster)}")
+        assert _slice_devices(cluster) == sorted(f"gpu-{i}" for i in range(8))
+        print(f"dra-example-driver's slice published {time.monotonic() - started:.0f}s "
+              "after the build/import/apply started")
+
+        _objects(cluster).create_namespaced_custom_object(GROUP, API, NS, "resourceclaims", {
+            "apiVersion": f"{GROUP}/{API}", "kind": "ResourceClaim",
+            "metadata": {"name": pod},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        })  # fmt: skip
+        uid = _objects(cluster).get_namespaced_custom_object(
+            GROUP, API, NS, "resourceclaims", pod)["metadata"]["uid"]
+        cluster.core.create_namespaced_pod(NS, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+            "spec": {
+                "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": pod}],
+                "containers": [{
+                    "name": "main", "image": BUSYBOX_REF, "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "env | sort; echo done; sleep 3600"],
+                    "resources": {"claims": [{"name": "gpu"}]}}],
+            },
+        })  # fmt: skip
+        wait_until(f"pod {pod} to run", lambda: phase(cluster, pod) != "Pending", 120,
+                   describe=lambda: events(cluster, pod) + "\n" + _driver_state(cluster))
+        assert phase(cluster, pod) == "Running", events(cluster, pod)
+
+        claim = _objects(cluster).get_namespaced_custom_object(
+            GROUP, API, NS, "resourceclaims", pod)
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"]) == (DRIVER, cluster.node.name)
+        device = result["device"]
+        assert device in _slice_devices(cluster)
+
+        def log() -> str:
+            return str(cluster.core.read_namespaced_pod_log(pod, NS))
+
+        wait_until("the pod's env", lambda: "done" in log(), 30)
+        env = dict(line.split("=", 1) for line in log().splitlines() if "=" in line)
+        n = device.removeprefix("gpu-")
+        # the driver's CDI edits, per device and common (cdi.go, state.go of v0.2.0)
+        assert env.get(f"GPU_DEVICE_{n}") == device, env
+        assert env.get(f"GPU_DEVICE_{n}_RESOURCE_CLAIM") == uid, env
+        assert env.get("DRA_RESOURCE_DRIVER_NAME") == DRIVER, env
+        assert env.get("KUBERNETES_NODE_NAME") == cluster.node.name, env
+        assert not [k for k in env if k.startswith("GPU_DEVICE_") and not k.startswith(
+            f"GPU_DEVICE_{n}")], env
+    finally:
+        from kubernetes.client.exceptions import ApiException
+
+        for delete in (
+            lambda: cluster.core.delete_namespaced_pod(pod, NS, grace_period_seconds=0),
+            lambda: _objects(cluster).delete_namespaced_custom_object(
+                GROUP, API, NS, "resourceclaims", pod),
+        ):
+            try:
+                delete()
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+        _kubectl(cluster, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
+                 stdin=manifest)
