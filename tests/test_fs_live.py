@@ -299,6 +299,17 @@ def test_sigterm_unmounts_and_exits_cleanly(tmp_path: Path, request: pytest.Fixt
     assert not srv.socket.exists()
 
 
+def _read_twice(path: Path) -> tuple[bytes, bytes]:
+    """A whole file in one read(), then the read at its end that every reader makes to see
+    EOF. A change between the two must not show: the second read returns nothing even if
+    the file now holds a longer value (its inode's size never changes, see fakehw.fs)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 1 << 16), os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
+
+
 def _readers_storm(server: Server, changes: int, seed: int) -> dict[str, int]:
     """8 threads re-read the whole tree while ``changes`` seeded changes run."""
     devices = ["gpu0", "gpu1", "gpu2", "nic0"]
@@ -353,7 +364,11 @@ def _readers_storm(server: Server, changes: int, seed: int) -> dict[str, int]:
                         elif stat.S_ISCHR(st.st_mode):
                             value = ("chr", (os.major(st.st_rdev), os.minor(st.st_rdev)))
                         else:
-                            value = ("file", (stat.S_IMODE(st.st_mode), full.read_bytes()))
+                            data, tail = _read_twice(full)
+                            value = ("file", (stat.S_IMODE(st.st_mode), data))
+                            if tail:
+                                with lock:
+                                    bad.append(f"{path}: {data!r}, then {tail!r} at its EOF")
                         reads += 1
                     except OSError as exc:
                         if exc.errno in (errno.ENOENT, errno.ENODEV, errno.ENOTDIR):

@@ -12,9 +12,15 @@ server runs in the kernel's no-open mode (see ``_Operations``): a cached read co
 request at all, failed lookups and symlink targets are cached too. Without the patch,
 or with ``HWSANDBOX_FUSE_FAST=0``, every open is a round trip (OPEN stores the page).
 
-Inode numbers are allocated per (path, kind) and never reused for the life of the mount,
-so a device that is unplugged and plugged back gets the same inode numbers, and a path
-whose kind changes gets a new one (the kernel marks an inode bad if its type changes).
+Inode numbers are allocated per (path, kind, size) and never reused for the life of the
+mount, so a device that is unplugged and plugged back gets the same inode numbers, a path
+whose kind changes gets a new one (the kernel marks an inode bad if its type changes), and
+so does a file or symlink whose length changes: an inode's size never changes, so the size
+the kernel holds for it always matches the bytes it reads, whatever the order in which
+attribute replies and invalidations reach it (a read never returns ``dow`` for ``down``,
+and a reader never gets the tail of a longer new value at what was its EOF). An inode whose
+path now holds a value of another length keeps serving the last value it had (what a
+reader that opened it before the change reads on).
 
 ``serve()`` mounts, runs the control server and returns after ``fusermount3 -u ROOT`` or
 SIGTERM/SIGINT. ``recover_mount()`` clears a dead mount left by a killed server.
@@ -83,40 +89,47 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         self._listed = 0  # entries in self._listings
         self._next_listing = 1
         self._rdev_map = os.makedev(*dev_map) if dev_map is not None else None
-        self._ino: dict[tuple[str, Kind], int] = {("", "dir"): pyfuse3.ROOT_INODE}
-        self._path: dict[int, tuple[str, Kind]] = {pyfuse3.ROOT_INODE: ("", "dir")}
+        self._ino: dict[tuple[str, Kind, int], int] = {("", "dir", 0): pyfuse3.ROOT_INODE}
+        self._path: dict[int, tuple[str, Kind, int]] = {pyfuse3.ROOT_INODE: ("", "dir", 0)}
+        # (path, kind) -> every inode handed out for it, one per size
+        self._sized: dict[tuple[str, Kind], list[int]] = {("", "dir"): [pyfuse3.ROOT_INODE]}
+        # file/symlink inode -> the last entry it served (an inode whose path now holds a
+        # value of another length goes on serving this one)
+        self._last: dict[int, Entry] = {}
         self._dirs: dict[int, list[tuple[bytes, str, Entry]]] = {}
         self._next_fh = 1
         self._stored: set[int] = set()  # inodes whose current bytes we put in the page cache
-        # Files changed since the kernel was last told their attributes: inode -> the bytes
-        # whose size it may still hold (see ``read``).
-        self._told: dict[int, File] = {}
         self.invalidations = 0
 
     # -- helpers ------------------------------------------------------------------------
-    def _inode(self, path: str, kind: Kind) -> int:
-        key = (path, kind)
+    def _inode(self, path: str, entry: Entry) -> int:
+        kind = kind_of(entry)
+        key = (path, kind, _size(entry))
         ino = self._ino.get(key)
         if ino is None:
             ino = len(self._path) + pyfuse3.ROOT_INODE
             self._ino[key] = ino
             self._path[ino] = key
+            self._sized.setdefault((path, kind), []).append(ino)
+        if isinstance(entry, (File, Symlink)):
+            self._last[ino] = entry
         return ino
 
     def _entry(self, inode: int) -> tuple[str, Entry]:
         key = self._path.get(inode)
         if key is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        path, kind = key
+        path, kind, size = key
         entry = self.live.snapshot.index.get(path)
         if entry is None or kind_of(entry) != kind:
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if _size(entry) != size:  # the path's value has another length now: this inode's
+            entry = self._last.get(inode, entry)
         return path, entry
 
     def _attrs(self, path: str, entry: Entry) -> Any:
         a = pyfuse3.EntryAttributes()
-        a.st_ino = self._inode(path, kind_of(entry))
-        self._told.pop(a.st_ino, None)  # the kernel is told the current size now
+        a.st_ino = self._inode(path, entry)
         a.generation = 0
         a.entry_timeout = CACHE_TIMEOUT
         a.attr_timeout = CACHE_TIMEOUT
@@ -124,7 +137,7 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         a.st_gid = 0
         a.st_blksize = 4096
         a.st_rdev = 0
-        size = 0
+        size = _size(entry)
         if isinstance(entry, Dir):
             a.st_mode = stat.S_IFDIR | entry.mode
             subdirs = sum(1 for c in entry.children.values() if isinstance(c, Dir))
@@ -132,11 +145,9 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         elif isinstance(entry, File):
             a.st_mode = stat.S_IFREG | entry.mode
             a.st_nlink = 1
-            size = len(entry.data)
         elif isinstance(entry, Symlink):
             a.st_mode = stat.S_IFLNK | 0o777
             a.st_nlink = 1
-            size = len(os.fsencode(entry.target))
         else:
             a.st_mode = stat.S_IFCHR | entry.mode
             a.st_nlink = 1
@@ -270,18 +281,12 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        key = self._path.get(fh)
-        entry = self.live.snapshot.index.get(key[0]) if key else None
+        try:
+            _, entry = self._entry(fh)  # fh is the inode (open() returns it, or fast mode)
+        except pyfuse3.FUSEError:
+            entry = None
         if not isinstance(entry, File):
             raise pyfuse3.FUSEError(errno.ENODEV)  # what sysfs says once a device is gone
-        told = self._told.get(fh)
-        if told is not None and len(told.data) != len(entry.data):
-            # The kernel copies out at most the file size it holds, and a change only
-            # invalidates that size shortly before the page: a read that checked the old
-            # size and then misses the page would get new bytes cut or zero-padded to the
-            # old length ("dow" for "down"). Serve the bytes of that size, the old state;
-            # the kernel drops them itself once it learns the new size (size changed).
-            return told.data[off : off + size]
         return entry.data[off : off + size]
 
     async def release(self, fh: int) -> None:
@@ -306,54 +311,61 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         (fast mode): its (parent, name) is dropped too, for the topmost new path only (a new
         directory's children were never looked up)."""
         ops: list[tuple[int, bytes | None]] = []
-        new_dirs = {p for p, k in diff.added if k == "dir"}
-        for path, _ in diff.added:
+
+        def dentry(path: str) -> None:
             parent, _, name = path.rpartition("/")
-            if parent in new_dirs:
-                continue
-            pino = self._ino.get((parent, "dir"))
+            pino = self._ino.get((parent, "dir", 0))
             if pino is not None:
                 ops.append((pino, os.fsencode(name)))
+
+        new_dirs = {p for p, k in diff.added if k == "dir"}
+        for path, _ in diff.added:
+            if path.rpartition("/")[0] not in new_dirs:
+                dentry(path)
         gone_dirs: set[str] = set()
         for path, kind in diff.removed:  # parents first
-            ino = self._ino.get((path, kind))
-            if ino is None:
+            inos = self._sized.get((path, kind))
+            if not inos:
                 continue
-            parent, _, name = path.rpartition("/")
-            pino = self._ino.get((parent, "dir"))
-            if pino is not None and parent not in gone_dirs:
-                ops.append((pino, os.fsencode(name)))  # drops the dentry and its subtree
+            if path.rpartition("/")[0] not in gone_dirs:
+                dentry(path)  # drops the dentry and its subtree
             if kind == "dir":
                 gone_dirs.add(path)
-            ops.append((ino, None))
+            ops.extend((ino, None) for ino in inos)
+        current, previous = self.live.snapshot.index, self.live.previous.index
         for path, kind in (*diff.changed, *diff.added):
-            ino = self._ino.get((path, kind))
-            if ino is not None:
+            entry = current.get(path)
+            if entry is None or (path, kind) not in self._sized:
+                continue
+            ino = self._ino.get((path, kind, _size(entry)))
+            if ino is not None:  # it may hold pages of an earlier value of this length
                 ops.append((ino, None))
+            old = previous.get(path)
+            if old is not None and kind_of(old) == kind and _size(old) != _size(entry):
+                dentry(path)  # another length: the path names another inode now
         for path in diff.dirs:
-            ino = self._ino.get((path, "dir"))
+            ino = self._ino.get((path, "dir", 0))
             if ino is not None:
                 ops.append((ino, None))
         return ops
 
     async def invalidate(self, diff: Diff) -> None:
         """Tell the kernel what ``diff`` changed; returns when it has been told."""
-        # Before any await: no request is served between the commit and this.
-        previous = self.live.previous.index
-        for path, kind in diff.changed:
-            ino = self._ino.get((path, kind))
-            old = previous.get(path)
-            if ino is not None and isinstance(old, File):
-                self._told.setdefault(ino, old)  # the first: what the kernel was told
-        for path, kind in diff.removed:
-            ino = self._ino.get((path, kind))
-            if ino is not None:
-                self._told.pop(ino, None)
+        # Before any await: ``plan`` compares with the snapshot this change replaced.
         ops = self.plan(diff)
         self._stored.difference_update(ino for ino, name in ops if name is None)
         if ops:
             self.invalidations += len(ops)
             await trio.to_thread.run_sync(_notify_kernel, ops)
+
+
+def _size(entry: Entry) -> int:
+    """What st_size says: a file's or a symlink's length; 0 for the rest."""
+    if isinstance(entry, File):
+        return len(entry.data)
+    if isinstance(entry, Symlink):
+        return len(os.fsencode(entry.target))
+    return 0
 
 
 def _store(inode: int, data: bytes) -> bool:
