@@ -78,6 +78,10 @@ def kind_env() -> KindEnv:
     try:
         image = build_node_image(print)
         build_agent_base(print)
+        # idempotent: a second build finds the image current (keyed by versions)
+        said: list[str] = []
+        assert build_node_image(said.append) == image
+        assert f"node image {image} is current" in said, said
     except BuildError as exc:
         pytest.fail(f"building the kind images failed: {exc}")
     env = dict(os.environ, PATH=f"{kind.parent}:{bin_dir}:{os.environ['PATH']}",
@@ -93,6 +97,8 @@ class KindSandbox:
     name: str
     profile: Path
     up_seconds: float
+    # host_footprint() before its up: what down must leave as it found it
+    before: frozenset[str] | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -166,9 +172,24 @@ class KindSandbox:
         return self.kubectl("logs", name)
 
 
-def leftovers(name: str) -> list[str]:
-    """Anything of sandbox ``name`` still here: containers, networks, mounts, state."""
+def host_footprint() -> frozenset[str]:
+    """Every mount on the host and every Docker volume, to compare before ``up`` and after
+    ``down``: a bind mount can surface outside the state dir (at a node container's volume
+    path), and a node's anonymous volumes outlive a container removed without ``-v``."""
+    mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET"], capture_output=True,
+                            text=True, check=False).stdout.split()
+    volumes = subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True,
+                             check=False).stdout.split()
+    return frozenset([f"mount {m}" for m in mounts] + [f"volume {v}" for v in volumes])
+
+
+def leftovers(name: str, before: frozenset[str] | None = None) -> list[str]:
+    """Anything of sandbox ``name`` still here: containers, networks, mounts, state; with
+    ``before`` (``host_footprint()`` taken before its ``up``), also any mount or Docker
+    volume that was not there then."""
     found: list[str] = []
+    if before is not None:
+        found += sorted(host_footprint() - before)
     ps = subprocess.run(["docker", "ps", "-a", "--filter", f"label=io.x-k8s.kind.cluster={name}",
                          "--format", "{{.Names}}"], capture_output=True, text=True, check=False)
     found += [f"container {c}" for c in ps.stdout.split()]
@@ -187,6 +208,7 @@ def up(kenv: KindEnv, profile: str, name: str, *extra: str) -> KindSandbox:
     """``sandbox up`` with the runtime left to choose (``--runtime auto``, the default): with
     Docker and kind here it must pick kind."""
     assert not leftovers(name), leftovers(name)
+    before = host_footprint()
     start = time.monotonic()
     proc = kenv.sandbox("up", str(REPO / "profiles" / profile), "--name", name, *extra,
                         check=False)
@@ -194,14 +216,14 @@ def up(kenv: KindEnv, profile: str, name: str, *extra: str) -> KindSandbox:
     print(proc.stderr)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("runtime: kind; "), proc.stderr
-    return KindSandbox(kenv, name, REPO / "profiles" / profile, took)
+    return KindSandbox(kenv, name, REPO / "profiles" / profile, took, before)
 
 
 def down(sb: KindSandbox) -> None:
-    if not sb.state_dir.exists() and not leftovers(sb.name):
+    if not sb.state_dir.exists() and not leftovers(sb.name, sb.before):
         return
     sb.sandbox("down", "--name", sb.name)
-    assert leftovers(sb.name) == []
+    assert leftovers(sb.name, sb.before) == []
 
 
 @pytest.fixture(scope="module")
@@ -210,7 +232,8 @@ def sandbox_factory(kind_env: KindEnv) -> Iterator[Callable[..., KindSandbox]]:
 
     def make(profile: str, name: str, *extra: str) -> KindSandbox:
         # cleaned up at the end even when `up` itself fails (a --retain'ed or half-made one)
-        made.append(KindSandbox(kind_env, name, REPO / "profiles" / profile, 0.0))
+        made.append(KindSandbox(kind_env, name, REPO / "profiles" / profile, 0.0,
+                                host_footprint()))
         made[-1] = up(kind_env, profile, name, *extra)
         return made[-1]
 

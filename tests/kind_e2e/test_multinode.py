@@ -26,6 +26,13 @@ def _memory_mib(name: str) -> int:
     return int(total)
 
 
+def _vf_resources(sb: KindSandbox) -> list[str]:
+    """The net worker's extended resources with 4 devices: its X710's 2 ports x 2 VFs."""
+    capacity = sb.nodes()["net-worker"]["status"]["capacity"]
+    return [r for r, v in capacity.items()
+            if "/" in r and not r.startswith(("hugepages-", "kubernetes.io/")) and int(v) == 4]
+
+
 def test_each_worker_shows_its_own_hardware(sandbox_factory: Callable[..., KindSandbox]) -> None:
     sb = sandbox_factory("workshop-mixed.yaml", NAME)
     print(f"sandbox up (kind, workshop-mixed, 4 nodes): {sb.up_seconds:.1f}s, "
@@ -40,9 +47,8 @@ def test_each_worker_shows_its_own_hardware(sandbox_factory: Callable[..., KindS
         sb.wait_resource(worker, "nvidia.com/gpu", (5, 4))
         assert nodes[worker]["metadata"]["labels"]["workshop/pool"] == "gpu"
     # the net worker: 2 ports x 2 VFs of an X710, nothing else
-    sb.wait_for("net-worker advertises its VFs", lambda: any(
-        "/" in r and not r.startswith(("hugepages-", "kubernetes.io/")) and int(v) == 4
-        for r, v in sb.nodes()["net-worker"]["status"]["capacity"].items()))
+    sb.wait_for("net-worker advertises its VFs", lambda: bool(_vf_resources(sb)))
+    (vfs,) = _vf_resources(sb)
     assert "nvidia.com/gpu" not in sb.nodes()["net-worker"]["status"]["capacity"]
     ours = [r for r in sb.nodes()["control-plane"]["status"]["capacity"]
             if "/" in r and not r.startswith(("hugepages-", "kubernetes.io/"))]
@@ -59,6 +65,14 @@ def test_each_worker_shows_its_own_hardware(sandbox_factory: Callable[..., KindS
     ]
     assert uuids[0]
     assert uuids[0].isdisjoint(uuids[1])
+    # set-vfs reaches the net worker's kubelet: one port's VFs 2 -> 1, and back
+    listed = json.loads(sb.sandbox("fault", "--name", NAME, "list", "net-worker", "-o",
+                                   "json").stdout)["net-worker"]
+    (nic,) = [dev for dev, info in listed.items() if info["kind"] == "nic"]
+    sb.sandbox("fault", "--name", NAME, "set-vfs", "net-worker", nic, "1", "--port", "0")
+    sb.wait_resource("net-worker", vfs, (3, 3), timeout=30)
+    sb.sandbox("fault", "--name", NAME, "set-vfs", "net-worker", nic, "2", "--port", "0")
+    sb.wait_resource("net-worker", vfs, (4, 4), timeout=30)
     # a fault on one worker reaches only that worker's kubelet
     sb.sandbox("fault", "--name", NAME, "unplug", "gpu-worker-1", "gpu0")
     sb.wait_resource("gpu-worker-1", "nvidia.com/gpu", (4, 3))
