@@ -10,7 +10,7 @@ import uuid as uuidlib
 
 from sandbox.profile import catalogue, model
 from sandbox.profile.resolve.devices import Draft, replace
-from sandbox.profile.spec import DeviceSpec, DevNodeSpec, GenericSpec, NodeSpec
+from sandbox.profile.spec import DeviceSpec, DevNodeSpec, GenericSpec, NodeSpec, PciFunction
 
 
 def replica_name(name: str, count: int, index: int) -> str:
@@ -41,7 +41,7 @@ def replica(
                 base = int(_oui(draft).replace(":", ""), 16) << 24 | tail
             macs = [_format_mac(base + p) for p in range(nic.ports)]
             netdevs = tuple(
-                _netdev_name(f.address) for f in draft.functions
+                _netdev_name(f, nic.link_layer) for f in draft.functions
             )
             guids = tuple(
                 ":".join(f"{b:02x}" for b in seeded(*seed, "guid", p)[:8]) for p in range(nic.ports)
@@ -88,12 +88,21 @@ def _oui(draft: Draft) -> str:
     return entry.oui if entry else "02:00:00"
 
 
-def _netdev_name(address: str) -> str:
-    """systemd's predictable name for a PCI function: enp<bus>s<slot>f<function>."""
-    bus, slot, fn = int(address[5:7], 16), int(address[8:10], 16), int(address[11])
+def _netdev_name(fn: PciFunction, link_layer: str = "ethernet") -> str:
+    """systemd's predictable path name for a PCI function (udev's net_id builtin):
+    ``en`` for Ethernet, ``ib`` for IPoIB, then ``[P<domain>]p<bus>s<slot>[f<function>]``.
+
+    Ethernet names always carry ``f<function>`` (as they always have here); IPoIB names,
+    as udev gives them, only on a multi-function slot or a function other than 0
+    (``ibp23s0`` on a single-port ConnectX, ``ibp23s0f1`` on a dual-port one's second)."""
+    address = fn.address
+    bus, slot, func = int(address[5:7], 16), int(address[8:10], 16), int(address[11])
     domain = int(address[0:4], 16)
-    prefix = f"enP{domain}p" if domain else "enp"
-    return f"{prefix}{bus}s{slot}f{fn}"
+    ib = link_layer == "infiniband"
+    kind = "ib" if ib else "en"
+    prefix = f"{kind}P{domain}p" if domain else f"{kind}p"
+    suffix = f"f{func}" if not ib or func or fn.multifunction else ""
+    return f"{prefix}{bus}s{slot}{suffix}"
 
 
 def _expand_generic(draft: Draft) -> GenericSpec | None:
