@@ -24,7 +24,8 @@ from sandbox import supervisor
 from sandbox.errors import MountError, SandboxError
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.control import ControlPaths
-from sandbox.fakehw.fs import DEFAULT_DEV_MAP, check_mount_root, serve
+from sandbox.fakehw.fs import DEFAULT_DEV_MAP, serve
+from sandbox.fakehw.mountroot import check_mount_root
 from sandbox.fakehw.tree import CharDevice, DeviceState, Health, Reason, Tree, check_component
 from sandbox.profile import NodeSpec, load_profile
 from sandbox.profile.spec import read_node
@@ -263,7 +264,7 @@ def wait_unmounted(root: Path, timeout: float = 10.0) -> bool:
 
 def unmount(root: Path) -> None:
     """Unmount a node's tree (lazily if busy); a dead mount is cleared too."""
-    from sandbox.fakehw.fs import recover_mount
+    from sandbox.fakehw.mountroot import recover_mount
 
     recover_mount(root)
     if os.path.ismount(root):

@@ -336,7 +336,8 @@ def test_raw_socket_protocol(server: Server) -> None:
 
 
 def test_per_port_vf_counts_survive_the_state_file() -> None:
-    from sandbox.fakehw.live import Change, next_state, state_from_json, state_to_json
+    from sandbox.fakehw.live import Change, next_state
+    from sandbox.fakehw.states import state_from_json, state_to_json
     from sandbox.fakehw.tree import DeviceState
 
     s = next_state(DeviceState(), Change("set-vfs", "nic0", num_vfs=2))

@@ -22,16 +22,10 @@ import pytest
 
 from sandbox.errors import ControlError, MountError
 from sandbox.fakehw.control import ControlClient
-from sandbox.fakehw.fs import check_mount_root, mounted_fstype, recover_mount
-from sandbox.fakehw.live import (
-    Change,
-    LiveTree,
-    diff_index,
-    load_states,
-    next_state,
-    save_states,
-)
+from sandbox.fakehw.live import Change, LiveTree, next_state
+from sandbox.fakehw.mountroot import check_mount_root, mounted_fstype, recover_mount
 from sandbox.fakehw.scenario import storm
+from sandbox.fakehw.states import load_states, save_states
 from sandbox.fakehw.tree import (
     CharDevice,
     DeviceState,
@@ -42,6 +36,7 @@ from sandbox.fakehw.tree import (
     Symlink,
     Tree,
 )
+from sandbox.fakehw.treediff import diff_index
 from tests.fakehw_toy import Server, make_rebuild, rebuild, require_fuse, start_server
 
 GPU0 = "sys/devices/pci0000:00/0000:10:00.0"

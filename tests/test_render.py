@@ -13,7 +13,7 @@ from sandbox.agent import create_device_nodes, remove_device_nodes
 from sandbox.cli import main
 from sandbox.errors import MountError, RenderError, SandboxError
 from sandbox.fakehw.build import build_tree
-from sandbox.fakehw.fs import check_mount_root
+from sandbox.fakehw.mountroot import check_mount_root
 from sandbox.fakehw.render import DEVICES_LIST, MARKER, render
 from sandbox.fakehw.tree import CharDevice, DeviceState, Dir, File, Symlink, Tree, TreeError
 from sandbox.profile import load_profile

@@ -18,9 +18,10 @@ import pytest
 
 from sandbox.errors import ControlError
 from sandbox.fakehw.build import build_tree
-from sandbox.fakehw.live import Change, LiveTree, diff_trees, patch_tree
+from sandbox.fakehw.live import Change, LiveTree
 from sandbox.fakehw.scenario import storm
 from sandbox.fakehw.tree import Dir, File, Symlink, Tree
+from sandbox.fakehw.treediff import diff_trees, patch_tree
 from sandbox.profile import load_profile
 from sandbox.profile.spec import NodeSpec
 

@@ -28,7 +28,7 @@ import trio
 
 from sandbox.errors import ControlError, MountError
 from sandbox.fakehw.controlclient import ControlClient
-from sandbox.fakehw.live import Change, Diff, LiveTree, describe, save_states, state_to_json
+from sandbox.fakehw.live import Change, LiveTree
 from sandbox.fakehw.protocol import (
     MAX_LINE,
     PROTOCOL_VERSION,
@@ -40,6 +40,8 @@ from sandbox.fakehw.protocol import (
     error_reply,
     parse_request,
 )
+from sandbox.fakehw.states import describe, save_states, state_to_json
+from sandbox.fakehw.treediff import Diff
 
 __all__ = [
     "MAX_LINE", "PROTOCOL_VERSION", "ControlClient", "ControlPaths", "ControlServer",

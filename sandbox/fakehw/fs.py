@@ -23,7 +23,7 @@ path now holds a value of another length keeps serving the last value it had (wh
 reader that opened it before the change reads on).
 
 ``serve()`` mounts, runs the control server and returns after ``fusermount3 -u ROOT`` or
-SIGTERM/SIGINT. ``recover_mount()`` clears a dead mount left by a killed server.
+SIGTERM/SIGINT (a dead mount left by a killed server is cleared first: ``mountroot``).
 ``sandbox mount`` serves a profile's node with it; tests/fakehw_serve.py serves the tests'
 hand-made trees.
 """
@@ -37,7 +37,6 @@ import signal
 import stat
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pyfuse3
@@ -45,10 +44,11 @@ import trio
 
 from sandbox.errors import MountError
 from sandbox.fakehw.control import ControlPaths, ControlServer, control_paths
-from sandbox.fakehw.hostpaths import host_path_problem
-from sandbox.fakehw.live import Diff, Kind, LiveTree, Rebuild, kind_of, load_states
+from sandbox.fakehw.live import LiveTree, Rebuild
+from sandbox.fakehw.mountroot import check_mount_root, mounted_fstype, recover_mount
+from sandbox.fakehw.states import load_states
 from sandbox.fakehw.tree import DeviceState, Dir, Entry, File, Symlink
-from sandbox.supervisor import unmount_fuse
+from sandbox.fakehw.treediff import Diff, Kind, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -388,58 +388,7 @@ def _notify_kernel(ops: Sequence[tuple[int, bytes | None]]) -> None:
                 log.warning("invalidating inode %d %r: %s", ino, name, exc)
 
 
-# -- mount management -------------------------------------------------------------------
-def check_mount_root(root: str | os.PathLike[str]) -> Path:
-    """The absolute mount point for ``root``; refuses what ``hostpaths`` refuses (/, the
-    host's top-level directories, anything under the real /sys, /dev, /proc, /etc...)."""
-    path = Path(os.path.realpath(os.path.abspath(root)))
-    problem = host_path_problem(path)
-    if problem is not None:
-        raise MountError(f"{path}: refusing to mount there: {problem}")
-    return path
-
-
-def mounted_fstype(root: str | os.PathLike[str]) -> str | None:
-    """The filesystem type mounted exactly at ``root`` (per /proc/self/mountinfo), or None."""
-    target = os.path.abspath(root)
-    found = None
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            fields = line.split()
-            sep = fields.index("-")
-            point = fields[4].encode().decode("unicode_escape")
-            if point == target:
-                found = fields[sep + 1]  # the last (topmost) mount wins
-    return found
-
-
-def recover_mount(root: str | os.PathLike[str]) -> bool:
-    """Unmount ``root`` if it is a dead FUSE mount (its server was killed). Returns True
-    if it cleared one, False if there was nothing to do. A live mount is left alone.
-    Raises MountError (from CommandError) if it cannot.
-
-    ``stat`` alone is not enough: the kernel answers it from its attribute cache (a day
-    long here) once the root has been read, so a dead mount still stats fine. ``statvfs``
-    is never cached: it reaches the connection and fails with ENOTCONN when nobody serves
-    it."""
-    path = check_mount_root(root)
-    try:
-        os.stat(path)
-        if not (mounted_fstype(path) or "").startswith("fuse"):
-            return False
-        os.statvfs(path)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            return False
-        if exc.errno != errno.ENOTCONN:
-            raise MountError(f"{path}: cannot stat mount point: {exc.strerror}") from exc
-    else:
-        return False
-    log.warning("%s: dead FUSE mount (transport endpoint is not connected); unmounting", path)
-    unmount_fuse(Path(path))
-    return True
-
-
+# -- mounting ---------------------------------------------------------------------------
 def _mount_options(fsname: str, allow_dev: bool) -> set[str]:
     opts = set(pyfuse3.default_options)
     opts |= {f"fsname={fsname}", "allow_other", "default_permissions", "ro"}
