@@ -141,13 +141,19 @@ def write_device_plugin_cdi_specs(layout: Layout, node: NodeSpec) -> list[Path]:
 def start_node_plugins(layout: Layout, progress: Progress) -> None:
     """The reference device plugin on the fake root, against the real kubelet.
 
-    Runs once the kubelet is healthy (the plugin registers with its kubelet.sock).
+    Runs once the kubelet is healthy (the plugin registers with its kubelet.sock). It
+    follows the node's control socket (``--watch``): a fault reaches ListAndWatch at once.
     """
     progress("reference device plugin")
     spawn(layout, "deviceplugin", [
         sys.executable, "-m", "hwplugins.deviceplugin", "--root",
         str(layout.state / "node-root"), "--kubelet-dir", str(kubelet_root() / "device-plugins"),
+        "--watch", str(control_socket(layout)),
     ])
+
+
+def control_socket(layout: Layout) -> Path:
+    return layout.state / "node" / "control.sock"
 
 
 def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None:
@@ -162,6 +168,7 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None
     ``hostPath``s name the node's device nodes in ``state_dir/dev``; the partition config
     (``sandbox dra config``) and the checkpoint live in ``state_dir/dra``, so nothing of a
     torn-down cluster is left under the kubelet root. API access: the admin kubeconfig.
+    It follows the node's control socket (``--watch``): a fault reaches the slices at once.
     """
     from hwplugins.dra import DRIVER
 
@@ -182,6 +189,7 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None
         "--config", str(config), "--plugins-dir", str(root / "plugins"),
         "--registry-dir", str(registry), "--cdi-dir", str(layout.cdi),
         "--host-dev-dir", str(layout.dev), "--checkpoint", str(layout.dra / "checkpoint.json"),
+        "--watch", str(control_socket(layout)),
     ])
     socket_path = registry / f"{DRIVER}-reg.sock"
     wait_for(layout, "dra-driver", f"serving {socket_path}", socket_path.exists, 60)
