@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+from hwplugins.dra.slices import TYPES as DRA_DEVICE_TYPES
+
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile import load_profile
 from sandbox.runtimes import RUNTIMES, choose_runtime, runtime_for
@@ -41,7 +43,48 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="Kubernetes feature gates for every component (native runtime only: "
                    "kube-apiserver, controller-manager, scheduler, kubelet), e.g. "
                    "DRADeviceCompatibilityGroups=true,DRAOptionalNodeOperations=true")
+    dra = p.add_argument_group(
+        "DRA driver (native runtime only; any of these runs our reference DRA driver on the "
+        "node, as HWSANDBOX_NATIVE_DRA=1 does)")
+    dra.add_argument("--dra-driver", action="store_true",
+                     help="run the reference DRA driver (hwplugins.dra) next to the device "
+                     "plugin")
+    dra.add_argument("--dra-compatibility-groups", action="store_true",
+                     help="publish every partition mode with compatibility groups (needs "
+                     "--feature-gates DRADeviceCompatibilityGroups=true)")
+    dra.add_argument("--dra-skip-node-operations", metavar="TYPES",
+                     type=parse_device_types,
+                     help="comma-separated device types published for the control plane "
+                     f"only ({', '.join(DRA_DEVICE_TYPES)}): no NodePrepare/Unprepare (needs "
+                     "--feature-gates DRAOptionalNodeOperations=true)")
     p.set_defaults(func=run)
+
+
+def parse_device_types(text: str) -> list[str]:
+    types = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in types if t not in DRA_DEVICE_TYPES]
+    if bad or not types:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(bad) or repr(text)}: not a device type (one or more of "
+            f"{', '.join(DRA_DEVICE_TYPES)}, comma-separated)")
+    return types
+
+
+def dra_options(args: argparse.Namespace, gates: dict[str, bool]) -> list[str]:
+    """The DRA driver's extra flags from ``sandbox up``'s; refuses an alpha option whose
+    feature gate is not on (the API server would drop the fields, silently)."""
+    options: list[str] = []
+    if args.dra_compatibility_groups:
+        options.append("--compatibility-groups")
+    if args.dra_skip_node_operations:
+        options += ["--skip-node-operations", ",".join(args.dra_skip_node_operations)]
+    needs = {"--compatibility-groups": "DRADeviceCompatibilityGroups",
+             "--skip-node-operations": "DRAOptionalNodeOperations"}
+    for flag, gate in needs.items():
+        if flag in options and not gates.get(gate):
+            raise SandboxError(f"--dra-{flag.removeprefix('--')} needs the {gate} feature gate: "
+                               f"add --feature-gates {gate}=true")
+    return options
 
 
 def parse_feature_gates(text: str) -> dict[str, bool]:
@@ -68,6 +111,15 @@ def parse_feature_gates(text: str) -> dict[str, bool]:
 def run(args: argparse.Namespace) -> int:
     if args.name is not None:
         check_name(args.name)  # before anything is loaded, started or created
+    # the runtime's options, refused before anything is checked, started or created
+    wants_dra = bool(args.dra_driver or args.dra_compatibility_groups
+                     or args.dra_skip_node_operations)
+    gates = dict(args.feature_gates or {})
+    options = dra_options(args, gates)
+    if (gates or wants_dra) and args.runtime != "native":
+        what = "--feature-gates needs" if gates else "the --dra-* options need"
+        raise SandboxError(f"{what} --runtime native (not {args.runtime}: only the native "
+                           "runtime runs its own Kubernetes components)")
     loaded = load_profile(args.profile)
     name = args.name or loaded.cluster.name
     if args.runtime == "auto":
@@ -77,17 +129,16 @@ def run(args: argparse.Namespace) -> int:
         runtime = runtime_for(args.runtime)
         reason = runtime.unavailable_reason()
         if reason:
-            # the same words as a failed step: nothing was made yet, nothing to undo
-            raise SandboxError(f"sandbox up failed at step 'preflight': the {args.runtime} "
-                               f"runtime cannot run here: {reason}")
+            raise SandboxError(f"runtime {args.runtime} cannot run here: {reason}")
         print(f"runtime: {runtime.name}", file=sys.stderr)
-    if args.feature_gates:
+    if gates or wants_dra:
         from sandbox.runtimes.native import NativeRuntime
 
-        if not isinstance(runtime, NativeRuntime):
-            raise SandboxError(f"--feature-gates needs --runtime native (the runtime here is "
-                               f"{runtime.name})")
-        runtime.feature_gates.update(args.feature_gates)
+        if not isinstance(runtime, NativeRuntime):  # --runtime native, checked above
+            raise SandboxError(f"runtime {runtime.name} takes no feature gates or DRA options")
+        runtime.feature_gates.update(gates)
+        runtime.dra_options = options
+        runtime.dra_driver = runtime.dra_driver or wants_dra
     state_dir = state_dir_for(name)
     if read_record(state_dir) is not None:
         raise SandboxError(f"a sandbox named {name!r} already exists ({state_dir}); "

@@ -19,7 +19,7 @@ What is checked, with the real scheduler, kubelet and containerd:
 2. deleting the pod unprepares both (CDI files and checkpoint entries gone, claims
    deallocated);
 3. the feature gate reached every component (each one's ``kubernetes_feature_enabled``
-   metric), and ``sandbox up --feature-gates`` refuses bad input clearly.
+   metric); ``sandbox up`` refusing bad gates and DRA options: tests/test_up_flags.py.
 """
 
 from __future__ import annotations
@@ -28,8 +28,6 @@ import json
 import os
 import re
 import ssl
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,6 @@ import pytest
 import yaml
 from conftest import (
     MIG_FEATURE_GATES,
-    MIG_PROFILE,
     REPO,
     NativeCluster,
     default_service_account,
@@ -291,19 +288,3 @@ def test_feature_gates_reach_every_component(cluster: NativeCluster) -> None:
             f"{component}: kubernetes_feature_enabled for {gate} is "
             f"{_metric_gate(text, gate)}, want {want}")
 
-
-@pytest.mark.parametrize(("args", "message"), [
-    (["--runtime", "native", "--feature-gates", "DRAPartitionableDevices"],
-     "is not NAME=true or NAME=false"),
-    (["--runtime", "native", "--feature-gates", "A=yes"], "is not NAME=true or NAME=false"),
-    (["--runtime", "local", "--feature-gates", "DRAConsumableCapacity=true"],
-     "--feature-gates needs --runtime native"),
-])
-def test_up_refuses_bad_feature_gates(tmp_path: Path, args: list[str], message: str) -> None:
-    env = dict(os.environ, HWSANDBOX_STATE_DIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "sandbox", "up", str(MIG_PROFILE), *args],
-                          capture_output=True, text=True, timeout=60, check=False, env=env)
-    assert proc.returncode != 0
-    assert message in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert list(tmp_path.iterdir()) == [], "a refused up created state"

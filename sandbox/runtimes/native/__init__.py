@@ -43,6 +43,7 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +109,11 @@ class NativeRuntime:
     name = "native"
 
     def __init__(self, feature_gates: dict[str, bool] | None = None,
-                 reference_plugin: bool = True, dra_driver: bool | None = None) -> None:
+                 reference_plugin: bool = True, dra_driver: bool | None = None,
+                 dra_options: Sequence[str] = ()) -> None:
         self.feature_gates = dict(feature_gates or {})
+        # more flags for the reference DRA driver (e.g. --compatibility-groups)
+        self.dra_options = list(dra_options)
         # False: no hwplugins.deviceplugin on the node, so a third-party plugin under test
         # is the only one serving its resource (e.g. gpu.intel.com/i915)
         self.reference_plugin = reference_plugin
@@ -186,12 +190,13 @@ class NativeRuntime:
             "dra_driver": self.dra_driver,
             "containerd": CONTAINERD_VERSION,
             "feature_gates": self.feature_gates,
+            "dra_options": self.dra_options,
         }
         write_record(state_dir, record)
         if not root.exists():  # ours alone: down removes it whole
             root.mkdir(parents=True, mode=0o700)
             (root / CREATED_MARKER).write_text("made by `sandbox up --runtime native`\n")
-        up = Up(layout, node, ports, ip, root, self.feature_gates, progress)
+        up = Up(layout, node, ports, ip, root, self.feature_gates, progress, self.dra_options)
         try:
             run_steps(up_steps(up, self.reference_plugin, self.dra_driver), progress)
         except BaseException:

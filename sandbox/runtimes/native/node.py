@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from sandbox.errors import RuntimeBackendError, SandboxError
@@ -156,7 +157,8 @@ def control_socket(layout: Layout) -> Path:
     return layout.state / "node" / "control.sock"
 
 
-def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None:
+def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress,
+                     options: Sequence[str] = ()) -> None:
     """The reference DRA driver (``python -m hwplugins.dra``) on the fake root, against the
     real kubelet and API server.
 
@@ -169,6 +171,8 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None
     (``sandbox dra config``) and the checkpoint live in ``state_dir/dra``, so nothing of a
     torn-down cluster is left under the kubelet root. API access: the admin kubeconfig.
     It follows the node's control socket (``--watch``): a fault reaches the slices at once.
+    ``options``: more driver flags (``sandbox up --dra-compatibility-groups`` passes
+    ``--compatibility-groups``, ``--dra-skip-node-operations T`` ``--skip-node-operations T``).
     """
     from hwplugins.dra import DRIVER
 
@@ -189,7 +193,7 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress) -> None
         "--config", str(config), "--plugins-dir", str(root / "plugins"),
         "--registry-dir", str(registry), "--cdi-dir", str(layout.cdi),
         "--host-dev-dir", str(layout.dev), "--checkpoint", str(layout.dra / "checkpoint.json"),
-        "--watch", str(control_socket(layout)),
+        "--watch", str(control_socket(layout)), *options,
     ])
     socket_path = registry / f"{DRIVER}-reg.sock"
     wait_for(layout, "dra-driver", f"serving {socket_path}", socket_path.exists, 60)

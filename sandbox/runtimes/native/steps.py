@@ -13,6 +13,7 @@ import shutil
 import ssl
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -55,10 +56,11 @@ class Up:
 
     def __init__(self, layout: Layout, node: NodeSpec, ports: dict[str, int],
                  host_ip: str, root: Path, feature_gates: dict[str, bool],
-                 progress: Progress) -> None:
+                 progress: Progress, dra_options: Sequence[str] = ()) -> None:
         self.layout, self.node = layout, node
         self.ports, self.host_ip, self.root = ports, host_ip, root
         self.feature_gates, self.progress = feature_gates, progress
+        self.dra_options = tuple(dra_options)
         self.gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(feature_gates.items()))
         self.bin = bin_dir()
         self.server = f"https://127.0.0.1:{ports['apiserver']}"
@@ -231,7 +233,7 @@ class Up:
         start_node_plugins(self.layout, self.progress)
 
     def dra_driver(self) -> None:
-        start_dra_driver(self.layout, self.node, self.progress)
+        start_dra_driver(self.layout, self.node, self.progress, self.dra_options)
 
     def ready(self) -> None:
         """Until the node object says Ready."""
