@@ -6,6 +6,7 @@ Documentation/admin-guide/cputopology.rst)."""
 from __future__ import annotations
 
 from sandbox.fakehw._common import RW, Ctx, kernel_mask, make_file
+from sandbox.profile import catalogue
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.spec import LogicalCpu, NodeSpec
 
@@ -53,14 +54,22 @@ def _bits(n: int) -> int:
 
 
 def _caches(node: NodeSpec) -> list[tuple[int, str, int, int, str]]:
-    """(level, type, size KiB, ways, sharing) per cache index: 'core' or 'package' scope."""
-    cores = node.cpu.cores_per_socket
-    return [
-        (1, "Data", 48, 12, "core"),
-        (1, "Instruction", 32, 8, "core"),
-        (2, "Unified", 2048, 16, "core"),
-        (3, "Unified", max(1, cores) * 1920, 15, "package"),
-    ]
+    """(level, type, size KiB, ways, sharing) per cache index, sharing 'core', 'ccx' (the
+    cores of one AMD core complex) or 'package': the CPU model's layout (catalogue)."""
+    spec = node.cpu
+    layout = catalogue.cache_layout(spec.vendor, spec.family, spec.model_number)
+    cores = max(1, spec.cores_per_socket)
+    out = []
+    for c in layout.levels:
+        size = c.size_kb or cores * layout.l3_kb_per_core
+        out.append((c.level, c.type, size, c.ways, c.scope))
+    return out
+
+
+def _ccx_size(node: NodeSpec) -> int:
+    spec = node.cpu
+    per = catalogue.cache_layout(spec.vendor, spec.family, spec.model_number).cores_per_ccx
+    return max(1, min(per or spec.cores_per_socket, spec.cores_per_socket))
 
 
 def add_cpus(ctx: Ctx) -> None:
@@ -86,15 +95,21 @@ def add_cpus(ctx: Ctx) -> None:
     )
     by_core: dict[tuple[int, int], list[int]] = {}
     by_socket: dict[int, list[int]] = {}
+    by_ccx: dict[tuple[int, int], list[int]] = {}
+    ccx = _ccx_size(node)
     for c in node.cpus:
         by_core.setdefault((c.socket, c.core), []).append(c.id)
         by_socket.setdefault(c.socket, []).append(c.id)
+        by_ccx.setdefault((c.socket, c.core // ccx), []).append(c.id)
     # Per-sibling-set files, formatted once and shared by every CPU (and cache) in the set:
     # a mask is ncpus/4 bytes, so a copy per CPU would make the tree quadratic in CPUs.
     core_fmt = {k: (make_file(f"{kernel_mask(v, n)}\n"), make_file(f"{format_cpulist(v)}\n"))
                 for k, v in by_core.items()}
     pkg_fmt = {k: (make_file(f"{kernel_mask(v, n)}\n"), make_file(f"{format_cpulist(v)}\n"))
                for k, v in by_socket.items()}
+    ccx_fmt = {k: (make_file(f"{kernel_mask(v, n)}\n"), make_file(f"{format_cpulist(v)}\n"))
+               for k, v in by_ccx.items()}
+    ccx_per_socket = -(-spec.cores_per_socket // ccx)
     caches = _caches(node)
     cores = spec.cores_per_socket
     for c in node.cpus:
@@ -123,8 +138,15 @@ def add_cpus(ctx: Ctx) -> None:
             },
         )
         for i, (level, ctype, size, ways, scope) in enumerate(caches):
-            smask, slist = (tmask, tlist) if scope == "core" else (pmask, plist)
-            cid = c.socket if scope == "package" else c.socket * cores + c.core
+            if scope == "core":
+                smask, slist = tmask, tlist
+                cid = c.socket * cores + c.core
+            elif scope == "ccx":
+                smask, slist = ccx_fmt[(c.socket, c.core // ccx)]
+                cid = c.socket * ccx_per_socket + c.core // ccx
+            else:
+                smask, slist = pmask, plist
+                cid = c.socket
             ctx.files(
                 f"{base}/cache/index{i}",
                 {
@@ -143,7 +165,9 @@ def add_cpus(ctx: Ctx) -> None:
         if c.id:
             ctx.file(f"{base}/online", "1\n", RW)
         ctx.link(f"{base}/node{c.numa_node}", f"{NODE}/node{c.numa_node}")
-    ctx.file("proc/cpuinfo", _cpuinfo(node, caches[3][2]))
+    # /proc/cpuinfo's "cache size" is the L3 on Intel, the (per-core) L2 on AMD.
+    shown = caches[2][2] if "AMD" in spec.vendor else caches[3][2]
+    ctx.file("proc/cpuinfo", _cpuinfo(node, shown))
 
 
 def _apic(c: LogicalCpu, node: NodeSpec) -> int:

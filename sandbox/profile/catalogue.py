@@ -136,9 +136,74 @@ FPGAS: dict[str, dict[str, FpgaModel]] = {
     },
 }
 
-# Root ports and switch ports the builder places above devices (Intel Sapphire Rapids
-# root port, Broadcom PEX switch ports): plausible, real IDs.
+AMD_CPU = 0x1022  # AMD's CPU and chipset functions (0x1002 is AMD/ATI graphics)
+
+# Root ports and switch ports the builder places above devices: the CPU vendor's PCIe root
+# port (Intel Sapphire Rapids 8086:352a; AMD Genoa-class "GPP Bridge" 1022:14ab) and
+# Broadcom PEX switch ports: plausible, real IDs.
 ROOT_PORT = (INTEL, 0x352A)
+ROOT_PORTS = {"GenuineIntel": ROOT_PORT, "AuthenticAMD": (AMD_CPU, 0x14AB)}
 SWITCH_UPSTREAM = (0x1000, 0xC030)
 SWITCH_DOWNSTREAM = (0x1000, 0xC030)
 BRIDGE_CLASS = 0x060400
+
+
+def root_port(cpu_vendor: str) -> tuple[int, int]:
+    """(vendor, device) of the PCIe root ports of a CPU vendor (Intel's for any other)."""
+    return ROOT_PORTS.get(cpu_vendor, ROOT_PORT)
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    level: int
+    type: str  # Data | Instruction | Unified
+    size_kb: int
+    ways: int
+    scope: str  # core | ccx (cores_per_ccx cores of one socket) | package
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    name: str
+    levels: tuple[CacheLevel, ...]
+    l3_kb_per_core: int = 0  # package-wide L3 that grows with the cores (Intel)
+    cores_per_ccx: int = 0  # AMD: cores sharing one L3 (a CCX)
+
+
+# Per CPU generation, from the vendors' datasheets: Intel Xeon Sapphire Rapids (L3 1.875
+# MiB per core, socket-wide); AMD Zen 2 (16 MiB L3 per 4-core CCX), Zen 3 and Zen 4 (32 MiB
+# L3 per 8-core CCX; Zen 4 has 1 MiB L2), Zen 5 (48 KiB L1d).
+INTEL_SPR = CacheLayout("sapphire-rapids", (
+    CacheLevel(1, "Data", 48, 12, "core"), CacheLevel(1, "Instruction", 32, 8, "core"),
+    CacheLevel(2, "Unified", 2048, 16, "core"), CacheLevel(3, "Unified", 0, 15, "package"),
+), l3_kb_per_core=1920)
+AMD_ZEN2 = CacheLayout("zen2", (
+    CacheLevel(1, "Data", 32, 8, "core"), CacheLevel(1, "Instruction", 32, 8, "core"),
+    CacheLevel(2, "Unified", 512, 8, "core"), CacheLevel(3, "Unified", 16384, 16, "ccx"),
+), cores_per_ccx=4)
+AMD_ZEN3 = CacheLayout("zen3", (
+    CacheLevel(1, "Data", 32, 8, "core"), CacheLevel(1, "Instruction", 32, 8, "core"),
+    CacheLevel(2, "Unified", 512, 8, "core"), CacheLevel(3, "Unified", 32768, 16, "ccx"),
+), cores_per_ccx=8)
+AMD_ZEN4 = CacheLayout("zen4", (
+    CacheLevel(1, "Data", 32, 8, "core"), CacheLevel(1, "Instruction", 32, 8, "core"),
+    CacheLevel(2, "Unified", 1024, 8, "core"), CacheLevel(3, "Unified", 32768, 16, "ccx"),
+), cores_per_ccx=8)
+AMD_ZEN5 = CacheLayout("zen5", (
+    CacheLevel(1, "Data", 48, 12, "core"), CacheLevel(1, "Instruction", 32, 8, "core"),
+    CacheLevel(2, "Unified", 1024, 16, "core"), CacheLevel(3, "Unified", 32768, 16, "ccx"),
+), cores_per_ccx=8)
+
+
+def cache_layout(vendor: str, family: int, model_number: int) -> CacheLayout:
+    """The cache layout of a CPU by CPUID vendor, family and model: AMD family 0x17 is Zen
+    2, 0x19 models below 0x10 Zen 3 (Milan), 0x19 from 0x10 Zen 4 (Genoa, Bergamo), 0x1a
+    Zen 5; anything else gets Sapphire Rapids'."""
+    if vendor == "AuthenticAMD":
+        if family == 0x17:
+            return AMD_ZEN2
+        if family == 0x19:
+            return AMD_ZEN3 if model_number < 0x10 else AMD_ZEN4
+        if family >= 0x1A:
+            return AMD_ZEN5
+    return INTEL_SPR

@@ -127,7 +127,7 @@ class PciPlanner:
             bus = self._alloc_buses(hb, buses)
             if bus is None:
                 continue
-            self._bridge(port, catalogue.ROOT_PORT, hb, None)
+            self._bridge(port, catalogue.root_port(self.node.cpu.vendor), hb, None)
             return hb, port, bus
         self.problems.append(
             (dloc, f"PCI bus numbers exhausted for NUMA node {numa_node}; add host bridges "
