@@ -51,6 +51,7 @@ def test_native_records_of_reused_pids_are_never_signalled(tmp_path: Path) -> No
     for name in ORDER:
         assert f"{name} is not running" in notes, notes
     assert "the DRA driver is not running" in notes, notes
+    assert any("cannot read node" in n for n in out["notes_no_api"]), out["notes_no_api"]
     assert out["restart"] == "ok", out["restart"]
     new = out["new_kubelet"]
     assert new is not None, out

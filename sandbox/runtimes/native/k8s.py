@@ -44,6 +44,7 @@ def node_ready(layout: Layout, name: str) -> bool:
 
 def node_status(layout: Layout, name: str) -> NodeStatus:
     from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError  # e.g. MaxRetryError: no API server answers
 
     status = NodeStatus(name=name, ready=False)
     for proc in ORDER:
@@ -54,7 +55,7 @@ def node_status(layout: Layout, name: str) -> NodeStatus:
     api = _client(layout)
     try:
         node = api.read_node(name)
-    except (ApiException, OSError) as exc:
+    except (ApiException, HTTPError, OSError) as exc:
         status.notes.append(f"cannot read node {name}: {exc}")
         return status
     finally:
