@@ -1,7 +1,8 @@
 """Our NVML (sandbox/nvml, docs/nvml.md) driven directly through ctypes: it reports what
 the node's tree says, follows faults made through the control socket, survives concurrent
 callers and init/shutdown cycles, turns a missing or malformed state file into an NVML error
-code, and 10,000 random call sequences (in a subprocess) never crash it.
+code, 10,000 random call sequences (in a subprocess) never crash it, and every entry point
+it does not implement is exported and answers NOT_SUPPORTED.
 
 The library is loaded into this process once; every test leaves its init count at zero, so
 the next ``nvmlInit`` reads HWSANDBOX_NVML_ROOT afresh.
@@ -10,6 +11,7 @@ the next ``nvmlInit`` reads HWSANDBOX_NVML_ROOT afresh.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import random
 import re
@@ -24,7 +26,7 @@ import pytest
 
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
-from sandbox.nvml.build import SOURCE, stubs_source
+from sandbox.nvml.build import SOURCE, entrypoints, implemented, stubs_source
 from sandbox.profile import load_profile
 from tests import nvml_ctypes as N
 from tests.nvidia import nvml_library
@@ -281,6 +283,58 @@ def test_ten_thousand_random_call_sequences_never_crash(tmp_path: Path) -> None:
     # the sequences reached the library's real answers, not only its refusals
     assert total.get("0", 0) > 1000, total
     assert {"0", "1", "2", "3"} <= set(total), total
+
+
+_CALL_EACH = """
+import ctypes, json, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+names = json.loads(sys.argv[2])
+before = {n: getattr(lib, n)() for n in names}  # no nvmlInit yet
+assert lib.nvmlInit_v2() == 0
+after = {n: getattr(lib, n)() for n in names}
+assert lib.nvmlShutdown() == 0
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_every_entry_point_is_exported_and_stubs_answer_not_supported(tmp_path: Path) -> None:
+    """entrypoints.txt is what the library exports (nm -D); each name nvml.c does not
+    implement is a stub that takes no arguments, logs the call and returns NOT_SUPPORTED.
+    Every stub is called, with no arguments, before and after nvmlInit, in a subprocess
+    (a crash fails this test, not the test run)."""
+    lib = nvml_library()
+    nm = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
+                        text=True, timeout=60, check=False)  # fmt: skip
+    assert nm.returncode == 0, f"nm (binutils) failed: {nm.stderr}; apt-get install binutils"
+    exported = {parts[2] for parts in (line.split() for line in nm.stdout.splitlines())
+                if len(parts) == 3 and parts[1] == "T"}  # fmt: skip
+    names, done = entrypoints(), implemented()
+    assert len(names) == len(set(names)), "entrypoints.txt lists a name twice"
+    assert set(names) | done == exported  # nothing missing, nothing extra (no helpers leak)
+    stubs = sorted(set(names) - done)
+    assert len(stubs) > 300, len(stubs)
+    # each stub is defined with no parameters and passes none on, so calling it with none
+    # (or, from C, with any) reads nothing from the caller
+    stub = re.compile(r'__attribute__\(\(visibility\("default"\)\)\) int (\w+)\(void\) '
+                      r'\{ return hwsandbox_nvml_unimplemented\("(\w+)"\); \}')
+    defined = [stub.fullmatch(line) for line in stubs_source().splitlines()[2:]]
+    assert all(m is not None and m[1] == m[2] for m in defined), stubs_source()[:3000]
+    assert sorted(m[1] for m in defined if m is not None) == stubs
+
+    root = rendered("8gpu-2numa.yaml", tmp_path / "root")
+    log = tmp_path / "nvml.log"
+    env = {**os.environ, "HWSANDBOX_NVML_ROOT": str(root), "HWSANDBOX_NVML_LOG": str(log)}
+    result = subprocess.run([sys.executable, "-c", _CALL_EACH, str(lib), json.dumps(stubs)],
+                            env=env, capture_output=True, text=True, timeout=120,
+                            check=False)  # fmt: skip
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-3000:]}"
+    answers = json.loads(result.stdout)
+    for when in ("before", "after"):
+        wrong = {n: c for n, c in answers[when].items() if c != N.NOT_SUPPORTED}
+        assert wrong == {}, f"{when} nvmlInit: {wrong}"
+        assert sorted(answers[when]) == stubs
+    logged = re.findall(r"unimplemented: (\w+)", log.read_text())
+    assert sorted(logged) == sorted(stubs * 2)
 
 
 @pytest.mark.parametrize("sanitizer", ["address,undefined", "thread"])
