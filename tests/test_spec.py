@@ -117,8 +117,8 @@ def test_bad_spec_files_are_refused_naming_the_field() -> None:
     ]
     doc = _doc(node)
     doc["version"] = 99
-    cases.append((json.dumps(doc), "resolved spec version 99; this sandbox reads version 1 "
-                                   "(resolve the profile again)"))
+    cases.append((json.dumps(doc), "resolved spec version 99; this sandbox reads version "
+                                   f"{spec.FORMAT_VERSION} (resolve the profile again)"))
     doc = _doc(node)
     doc["spec"]["devices"][0]["numa_node"] = "0"  # type: ignore[index]
     cases.append((json.dumps(doc), "spec.devices[0].numa_node: expected int, got '0'"))

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass
 
-from sandbox.fakehw import _cpu, _fpga, _gpu, _net, _pci
+from sandbox.fakehw import _cpu, _fpga, _gpu, _net, _nvme, _pci
 from sandbox.fakehw._common import Ctx, present
 from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree, TreeError
 from sandbox.profile.spec import DeviceSpec, NodeSpec
@@ -178,6 +178,7 @@ def _build(
         _gpu.add_kfd(ctx, amd, pci)
     _net.add_nics(ctx, [d for d in node.devices if d.nic is not None], pci, plan, vf_counts)
     _fpga.add_fpgas(ctx, [d for d in node.devices if d.fpga is not None], pci)
+    _nvme.add_nvmes(ctx, [d for d in node.devices if d.nvme is not None], pci)
     generic = [d for d in node.devices if d.generic is not None]
     if _joint(ctx, generic):  # generic devices may share a /dev node
         _generic(ctx, generic, pci)
@@ -296,6 +297,8 @@ def _dev_nodes(d: DeviceSpec) -> tuple[str, ...]:
             f"dev/dfl-fme.{d.fpga.region}",
             *(f"dev/dfl-port.{d.fpga.first_port + k}" for k in range(d.fpga.ports)),
         )
+    if d.nvme is not None:
+        return _nvme.dev_nodes(d)
     if d.generic is not None:
         return tuple(f"dev/{n.name}" for n in d.generic.dev_nodes)
     return ()

@@ -62,7 +62,24 @@ class FpgaModel:
     bitstream_id: str
 
 
+@dataclass(frozen=True)
+class NvmeModel:
+    name: str  # the controller's model number (Identify Controller MN), as sysfs shows it
+    vendor_id: int
+    device_id: int
+    subsystem_vendor_id: int
+    subsystem_device_id: int
+    capacity: int  # bytes, the stated capacity (IDEMA: 3.84 TB = 7501476528 sectors)
+    firmware: str  # Identify Controller FR
+    serial_prefix: str  # how the vendor's serial numbers start
+    link_speed: str = "16.0 GT/s PCIe"
+    link_width: int = 4
+
+
 NVIDIA, AMD, INTEL, MELLANOX, XILINX = 0x10DE, 0x1002, 0x8086, 0x15B3, 0x10EE
+SAMSUNG, KIOXIA = 0x144D, 0x1E0F
+NVME_CLASS = 0x010802  # mass storage, non-volatile memory controller, NVM Express
+TB_3_84 = 7501476528 * 512
 
 GPUS: dict[str, dict[str, GpuModel]] = {
     "nvidia": {
@@ -116,6 +133,26 @@ NICS: dict[str, dict[str, NicModel]] = {
         "x710": NicModel("Intel Ethernet Controller X710", INTEL, 0x1572, 0x154C, 0x020000,
                          "i40e", "iavf", 10_000, 64, False, "3c:fd:fe",
                          link_speed="8.0 GT/s PCIe", link_width=8),
+    },
+}
+
+# NVMe drives GPU servers are sold with; PCI ids from the PCI ID registry (144d:a824
+# "NVMe SSD Controller PM173X", 144d:a80a "PM9A1/PM9A3/980PRO", 8086:0b60 "NVMe DC SSD
+# [3DNAND, Sentinel Rock Controller]", 1e0f:0003 "NVMe SSD Controller Cx6").
+NVMES: dict[str, dict[str, NvmeModel]] = {
+    "samsung": {
+        "pm1733": NvmeModel("SAMSUNG MZWLJ3T8HBLS-00007", SAMSUNG, 0xA824, SAMSUNG, 0xA801,
+                            TB_3_84, "EPK9CB5Q", "S4YNNE0R"),
+        "pm9a3": NvmeModel("SAMSUNG MZQL23T8HCLS-00A07", SAMSUNG, 0xA80A, SAMSUNG, 0xA813,
+                           TB_3_84, "GDC5602Q", "S64HNE0T"),
+    },
+    "intel": {
+        "d7-p5510": NvmeModel("INTEL SSDPF2KX038TZ", INTEL, 0x0B60, INTEL, 0x8008, TB_3_84,
+                              "JCV10100", "PHAX"),
+    },
+    "kioxia": {
+        "cm6": NvmeModel("KIOXIA KCM6XRUL3T84", KIOXIA, 0x0003, KIOXIA, 0x0001, TB_3_84,
+                         "0106", "X0U0A0"),
     },
 }
 

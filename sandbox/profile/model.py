@@ -230,6 +230,18 @@ class Fpga(DeviceBase):
     afu_ids: list[Annotated[str, Field(pattern=r"^[0-9a-f]{32}$")]] | None = None
 
 
+class Nvme(DeviceBase):
+    type: Literal["nvme"]
+    vendor: Literal["samsung", "intel", "kioxia"]
+    model: Text
+    capacity: Quantity | None = Field(
+        None, description="bytes over all namespaces; default the model's stated capacity")
+    namespaces: Annotated[int, Field(ge=1, le=16)] = Field(
+        1, description="namespaces nvmeXn1..nvmeXnN, the capacity split evenly")
+    lba_size: Literal[512, 4096] = Field(
+        512, description="the namespaces' logical block size in bytes")
+
+
 class DevNode(Strict):
     name: DevNodeName
     major: Annotated[int, Field(ge=0, le=4095)]
@@ -249,7 +261,7 @@ class Generic(DeviceBase):
     )
 
 
-Device = Annotated[Gpu | Nic | Fpga | Generic, Field(discriminator="type")]
+Device = Annotated[Gpu | Nic | Fpga | Nvme | Generic, Field(discriminator="type")]
 
 
 class Kubelet(Strict):

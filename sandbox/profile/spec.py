@@ -7,7 +7,7 @@ it as JSON and read it back to an equal object (docs/spec-format.md).
 
     Cluster(name, description, nodes)
       NodeSpec(cpu, cpus, numa, memory, host_bridges, bridges, devices, ...)
-        DeviceSpec(id, kind, functions, gpu | nic | fpga | generic, ...)
+        DeviceSpec(id, kind, functions, gpu | nic | fpga | nvme | generic, ...)
 """
 
 from __future__ import annotations
@@ -148,6 +148,18 @@ class FpgaSpec:
 
 
 @dataclass(frozen=True)
+class NvmeSpec:
+    capacity: int  # bytes over all namespaces
+    namespaces: int  # nvmeXn1..nvmeXnN, the capacity split evenly
+    lba_size: int  # logical block size of the namespaces (512 | 4096)
+    model_number: str  # Identify Controller MN (sysfs ``model``)
+    firmware: str  # Identify Controller FR (sysfs ``firmware_rev``)
+    serial_prefix: str  # the vendor's serial numbers start so (sysfs ``serial``)
+    controller: int  # nvmeN, in PCI address order (probe order)
+    first_minor: int  # block 259:first_minor is nvmeNn1; its namespaces follow
+
+
+@dataclass(frozen=True)
 class DevNodeSpec:
     name: str
     major: int
@@ -162,7 +174,7 @@ class GenericSpec:
 @dataclass(frozen=True)
 class DeviceSpec:
     id: str
-    kind: str  # gpu | nic | fpga | generic
+    kind: str  # gpu | nic | fpga | nvme | generic
     vendor: str
     model: str
     model_name: str
@@ -176,6 +188,7 @@ class DeviceSpec:
     gpu: GpuSpec | None = None
     nic: NicSpec | None = None
     fpga: FpgaSpec | None = None
+    nvme: NvmeSpec | None = None
     generic: GenericSpec | None = None
 
     @property
@@ -244,7 +257,7 @@ class Cluster:
 # describes the shape; FORMAT_VERSION changes whenever a field does.
 
 FORMAT = "hwsandbox.dev/resolved-spec"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: DeviceSpec.nvme
 _KINDS: dict[str, type[NodeSpec] | type[Cluster]] = {"NodeSpec": NodeSpec, "Cluster": Cluster}
 
 

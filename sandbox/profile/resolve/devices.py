@@ -18,6 +18,7 @@ from sandbox.profile.spec import (
     GpuSpec,
     Loc,
     NicSpec,
+    NvmeSpec,
     PartitionProfileSpec,
     PartitionSpec,
     PciFunction,
@@ -50,6 +51,7 @@ class Draft:
     gpu: GpuSpec | None = None
     nic: NicSpec | None = None
     fpga: FpgaSpec | None = None
+    nvme: NvmeSpec | None = None
     generic: GenericSpec | None = None
     mac_base: str | None = None
 
@@ -74,6 +76,7 @@ class DeviceModel:
     gpu: catalogue.GpuModel | None = None
     nic: catalogue.NicModel | None = None
     fpga: catalogue.FpgaModel | None = None
+    nvme: catalogue.NvmeModel | None = None
 
     @staticmethod
     def of(dev: model.Device, dloc: Loc, problems: list[tuple[Loc, str]]) -> DeviceModel | None:
@@ -84,6 +87,7 @@ class DeviceModel:
             )
         tables: dict[str, Mapping[str, Mapping[str, object]]] = {
             "gpu": catalogue.GPUS, "nic": catalogue.NICS, "fpga": catalogue.FPGAS,
+            "nvme": catalogue.NVMES,
         }
         models = tables[dev.type][dev.vendor]
         entry = models.get(dev.model)
@@ -122,6 +126,19 @@ class DeviceModel:
                 dev.name or "nic", entry.vendor_id, entry.device_id, entry.vendor_id,
                 0x0001, class_code, 0, entry.driver, dev.ports, total, entry.link_speed,
                 entry.link_width, entry.name, nic=entry,
+            )
+        if isinstance(dev, model.Nvme):
+            assert isinstance(entry, catalogue.NvmeModel)
+            capacity = dev.capacity if dev.capacity is not None else entry.capacity
+            if capacity // dev.namespaces < dev.lba_size:
+                problems.append(
+                    ((*dloc, "capacity"), f"{_size(capacity)} leaves no block for each of "
+                     f"{dev.namespaces} namespace(s)")
+                )
+            return DeviceModel(
+                dev.name or "nvme", entry.vendor_id, entry.device_id,
+                entry.subsystem_vendor_id, entry.subsystem_device_id, catalogue.NVME_CLASS, 0,
+                "nvme", 1, 0, entry.link_speed, entry.link_width, entry.name, nvme=entry,
             )
         assert isinstance(dev, model.Fpga)
         assert isinstance(entry, catalogue.FpgaModel)
@@ -172,6 +189,12 @@ class DeviceModel:
             ports = dev.ports if dev.ports is not None else self.fpga.ports
             afus = tuple(dev.afu_ids) if dev.afu_ids else (self.fpga.afu_id,) * ports
             d.fpga = FpgaSpec(self.fpga.flavor, ports, afus, self.fpga.bitstream_id, 0, 0)
+        elif isinstance(dev, model.Nvme):
+            assert self.nvme is not None
+            n = self.nvme
+            capacity = dev.capacity if dev.capacity is not None else n.capacity
+            d.nvme = NvmeSpec(capacity, dev.namespaces, dev.lba_size, n.name, n.firmware,
+                              n.serial_prefix, 0, 0)
         else:
             assert isinstance(dev, model.Generic)
             d.generic = GenericSpec(tuple(DevNodeSpec(n.name, n.major, n.minor)
@@ -267,6 +290,12 @@ def number_minors(drafts: list[Draft]) -> None:
         else:
             d.gpu = replace(d.gpu, minor=drm, render_minor=128 + drm)
             drm += 1
+    controller = block_minor = 0
+    for d in by_addr:  # nvmeN in probe order; block minors 259:k over every namespace
+        if d.nvme is not None:
+            d.nvme = replace(d.nvme, controller=controller, first_minor=block_minor)
+            controller += 1
+            block_minor += d.nvme.namespaces
     region = port = 0
     for d in by_addr:
         if d.fpga is not None:

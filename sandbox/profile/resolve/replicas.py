@@ -60,7 +60,8 @@ def replica(
                 functions=tuple(draft.functions), serial=serial,
                 uuid=("GPU-" + uid) if draft.vendor == "nvidia" else uid,
                 health=draft.health, health_reason=draft.health_reason, source=draft.source,
-                gpu=draft.gpu, nic=nic, fpga=draft.fpga, generic=_expand_generic(draft),
+                gpu=draft.gpu, nic=nic, fpga=draft.fpga, nvme=draft.nvme,
+                generic=_expand_generic(draft),
             )
         )
     devices.sort(key=lambda d: _id_key(d.id))
