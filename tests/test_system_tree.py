@@ -5,15 +5,23 @@ bus links, /proc/swaps, DMI, cpufreq/cpuidle, IOMMU units and the loopback inter
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
 from pathlib import Path
 
 import pytest
 
+from sandbox.errors import ProfileError
+from sandbox.fakehw._system import block_size
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile_text
 from sandbox.profile.spec import NodeSpec
-from tests.readers import lscpu, lspci_records
+from tests.readers import lscpu, lspci_records, lstopo, need, run
+
+MiB, GiB = 2**20, 2**30
 
 AMD_CPU = ("cpu: {sockets: 2, coresPerSocket: 24, threadsPerCore: 2, vendor: AuthenticAMD, "
            "model: AMD EPYC 9454 48-Core Processor, family: 25, modelNumber: 17}")
@@ -103,3 +111,253 @@ def test_unknown_vendor_falls_back_to_intel_layout() -> None:
     entry = tree.get("sys/devices/system/cpu/cpu0/cache/index0/size")
     assert entry is not None
     assert getattr(entry, "data", b"") == b"48K\n"
+
+
+# -- memory blocks and bus links ---------------------------------------------------------
+def lsmem(root: Path) -> dict[str, object]:
+    data = json.loads(run([need_lsmem(), "--sysroot", str(root), "-J", "-b", "-a",
+                           "-o", "RANGE,SIZE,STATE,REMOVABLE,BLOCK,NODE,ZONES"]))
+    return dict(data)
+
+
+def need_lsmem() -> str:
+    path = shutil.which("lsmem")
+    if path is None:
+        pytest.fail("lsmem is not installed: apt-get install -y util-linux")
+    return path
+
+
+@pytest.mark.parametrize(("which", "block"), [("amd", 2 * GiB), ("intel", 128 * MiB)])
+def test_lsmem_sees_every_block_on_its_numa_node(which: str, block: int,
+                                                 request: pytest.FixtureRequest) -> None:
+    node, root = request.getfixturevalue(which)
+    mem = root / "sys/devices/system/memory"
+    assert (mem / "block_size_bytes").read_text() == f"{block:x}\n"
+    rows = lsmem(root)["memory"]
+    assert isinstance(rows, list)
+    expected: list[tuple[int, int]] = []
+    for n in node.numa:
+        expected += [(len(expected) + k, n.id) for k in range(-(-n.memory // block))]
+    assert [(int(r["block"]), int(r["node"])) for r in rows] == expected
+    for r in rows:
+        start = int(r["block"]) * block
+        assert r["range"] == f"0x{start:016x}-0x{start + block - 1:016x}"
+        assert int(r["size"]) == block
+        assert r["state"] == "online"
+        assert r["removable"] is True
+        zone = "None" if start == 0 else ("DMA32" if start < 4 * GiB else "Normal")
+        assert r["zones"] == zone
+    # Each node's blocks are linked from the node, and the node's meminfo agrees.
+    for n in node.numa:
+        blocks = sorted(int(p.name[6:]) for p in
+                        (root / f"sys/devices/system/node/node{n.id}").glob("memory*"))
+        assert blocks == [b for b, k in expected if k == n.id]
+        assert len(blocks) * block >= n.memory > (len(blocks) - 1) * block
+    block0 = mem / "memory0"
+    assert (block0 / "phys_index").read_text() == "00000000\n"
+    assert (block0 / "phys_device").read_text() == "0\n"
+    assert os.readlink(block0 / "subsystem") == "../../../../bus/memory"
+    assert os.readlink(root / "sys/bus/memory/devices/memory0") == \
+        "../../../devices/system/memory/memory0"
+
+
+def test_bus_links_are_the_kernels(amd: tuple[NodeSpec, Path]) -> None:
+    node, root = amd
+    cpus = sorted((root / "sys/bus/cpu/devices").iterdir(), key=lambda p: int(p.name[3:]))
+    assert [p.name for p in cpus] == [f"cpu{c.id}" for c in sorted(node.cpus, key=lambda c: c.id)]
+    assert os.readlink(cpus[0]) == "../../../devices/system/cpu/cpu0"
+    assert cpus[0].resolve() == (root / "sys/devices/system/cpu/cpu0").resolve()
+    nodes = sorted(p.name for p in (root / "sys/bus/node/devices").iterdir())
+    assert nodes == [f"node{n.id}" for n in node.numa]
+    assert os.readlink(root / "sys/bus/node/devices/node0") == "../../../devices/system/node/node0"
+    assert os.readlink(root / "sys/devices/system/cpu/cpu0/subsystem") == "../../../../bus/cpu"
+    assert os.readlink(root / "sys/devices/system/node/node0/subsystem") == \
+        "../../../../bus/node"
+
+
+def test_block_size_as_x86_64_picks_it() -> None:
+    assert block_size(16 * GiB) == 128 * MiB
+    assert block_size(64 * GiB - 1) == 128 * MiB
+    assert block_size(64 * GiB) == 2 * GiB
+    assert block_size(1536 * GiB) == 2 * GiB
+    assert block_size(64 * 2**40) == 8 * GiB  # past 8192 blocks: a sandbox limit
+
+
+# -- swap --------------------------------------------------------------------------------
+HEADER = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"  # mm/swapfile.c swap_show
+
+
+def test_proc_swaps_without_swap_is_the_header(intel: tuple[NodeSpec, Path]) -> None:
+    _, root = intel
+    assert (root / "proc/swaps").read_text() == HEADER
+    meminfo = (root / "proc/meminfo").read_text()
+    assert "SwapTotal:             0 kB\n" in meminfo
+    assert "SwapFree:              0 kB\n" in meminfo
+
+
+def test_swap_from_the_profile_in_proc_swaps_meminfo_and_free(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    node, root = rendered(tmp_path_factory, f"{INTEL_CPU}\nmemory: 32Gi\nswap: 8Gi")
+    assert node.swap == 8 * GiB
+    kb = 8 * 2**20 - 4  # the header page is not swap space
+    swaps = (root / "proc/swaps").read_text()
+    assert swaps == HEADER + f"/swap.img{' ' * 31}file\t\t{kb}\t\t0\t\t-2\n"
+    meminfo = (root / "proc/meminfo").read_text()
+    assert f"SwapTotal:       {kb} kB\n" in meminfo
+    assert f"SwapFree:        {kb} kB\n" in meminfo
+    # procps' free reads /proc/meminfo: run it over the fake one in a mount namespace.
+    out = in_namespace(root, ["proc/meminfo"], ["free", "-k"])
+    swap_line = next(line for line in out.splitlines() if line.startswith("Swap:"))
+    assert swap_line.split()[1:4] == [str(kb), "0", str(kb)]
+
+
+def in_namespace(root: Path, paths: list[str], argv: list[str]) -> str:
+    """``argv`` with the fake ``paths`` bind-mounted over the real ones in a private mount
+    namespace (the real /proc and /sys are never written)."""
+    if os.geteuid() != 0:
+        pytest.fail("reading a fake /proc file needs root (unshare -m and bind mounts)")
+    tool = shutil.which(argv[0])
+    if tool is None:
+        pytest.fail(f"{argv[0]} is not installed: apt-get install -y procps")
+    binds = " && ".join(f"mount --bind '{root / p}' '/{p}'" for p in paths)
+    script = f"{binds} && exec {' '.join([tool, *argv[1:]])}"
+    return run([need("unshare"), "-m", "--propagation", "private", "sh", "-c", script])
+
+
+def test_swap_below_ten_pages_is_refused_where_it_is_written() -> None:
+    with pytest.raises(ProfileError) as err:
+        load_profile_text(profile(f"{INTEL_CPU}\nswap: 4Ki"), "p.yaml")
+    assert "nodes[0].swap" in str(err.value)
+    assert "10 pages" in str(err.value)
+    with pytest.raises(ProfileError) as err:
+        load_profile_text(profile(f"{INTEL_CPU}\nswap: lots"), "p.yaml")
+    assert "nodes[0].swap" in str(err.value)
+
+
+# -- DMI ---------------------------------------------------------------------------------
+def dmi_info(root: Path) -> dict[str, str]:
+    xml = lstopo(root)
+    machine = next(o for o in xml.iter("object") if o.get("type") == "Machine")
+    return {str(i.get("name")): str(i.get("value")) for i in machine.iter("info")
+            if str(i.get("name")).startswith("DMI")}
+
+
+def test_lstopo_reads_the_default_dmi_identity_per_cpu_vendor(
+        amd: tuple[NodeSpec, Path], intel: tuple[NodeSpec, Path]) -> None:
+    for (node, root), product in ((amd, "AS -2025HS-TNR"), (intel, "SYS-221H-TNR")):
+        info = dmi_info(root)
+        assert info["DMISysVendor"] == "Supermicro"
+        assert info["DMIProductName"] == product
+        assert info["DMIChassisType"] == "17"
+        assert node.system is not None
+        assert info["DMIProductUUID"] == node.system.product_uuid
+        assert info["DMIBIOSVendor"] == "American Megatrends International, LLC."
+        dmi = root / "sys/devices/virtual/dmi/id"
+        for name in ("product_uuid", "product_serial", "board_serial", "chassis_serial"):
+            assert (dmi / name).stat().st_mode & 0o777 == 0o400, name  # root only
+        assert (dmi / "sys_vendor").stat().st_mode & 0o777 == 0o444
+        assert os.readlink(root / "sys/class/dmi/id") == "../../devices/virtual/dmi/id"
+
+
+def test_dmi_from_the_profile_and_its_modalias(tmp_path_factory: pytest.TempPathFactory
+                                              ) -> None:
+    system = ("system: {vendor: Dell Inc., product: PowerEdge XE9680, chassisType: 23,\n"
+              "         board: {name: 0NHVD9, version: A01},\n"
+              "         bios: {vendor: Dell Inc., version: 2.3.5, date: 08/09/2024}}")
+    node, root = rendered(tmp_path_factory, f"{INTEL_CPU}\nmemory: 32Gi\n{system}")
+    info = dmi_info(root)
+    assert info["DMISysVendor"] == "Dell Inc."
+    assert info["DMIProductName"] == "PowerEdge XE9680"
+    assert info["DMIBoardVendor"] == "Dell Inc."  # defaults to the system vendor
+    assert info["DMIBoardName"] == "0NHVD9"
+    assert info["DMIBIOSVersion"] == "2.3.5"
+    assert info["DMIBIOSDate"] == "08/09/2024"
+    assert info["DMIChassisType"] == "23"
+    dmi = root / "sys/devices/virtual/dmi/id"
+    # drivers/firmware/dmi-id.c: spaces and colons dropped, one field after another.
+    assert (dmi / "modalias").read_text() == (
+        "dmi:bvnDellInc.:bvr2.3.5:bd08/09/2024:br2.3:svnDellInc.:pnPowerEdgeXE9680:"
+        "pvr0123456789:rvnDellInc.:rn0NHVD9:rvrA01:cvnDellInc.:ct23:cvr0123456789:"
+        "skuTobefilledbyO.E.M.:\n")
+    # Replicas share the model, not the identity.
+    two = load_profile_text(profile(f"{INTEL_CPU}\ncount: 2")).cluster.nodes
+    assert two[0].system is not None
+    assert two[1].system is not None
+    assert two[0].system.product_uuid != two[1].system.product_uuid
+    assert two[0].system.product_name == two[1].system.product_name
+
+
+def test_a_bad_bios_date_is_refused_where_it_is_written() -> None:
+    with pytest.raises(ProfileError) as err:
+        load_profile_text(profile(f"{INTEL_CPU}\nsystem: {{bios: {{date: 2024-08-09}}}}"),
+                          "p.yaml")
+    assert "nodes[0].system.bios.date" in str(err.value)
+
+
+# -- cpufreq and cpuidle -----------------------------------------------------------------
+@pytest.mark.parametrize(("which", "driver", "pstate", "idle"), [
+    ("amd", "amd-pstate-epp", "amd_pstate", "acpi_idle"),
+    ("intel", "intel_pstate", "intel_pstate", "intel_idle")])
+def test_cpufreq_and_cpuidle_per_cpu_vendor(which: str, driver: str, pstate: str, idle: str,
+                                            request: pytest.FixtureRequest) -> None:
+    node, root = request.getfixturevalue(which)
+    cpu = root / "sys/devices/system/cpu"
+    top = int((cpu / "cpu0/cpufreq/cpuinfo_max_freq").read_text())
+    low = int((cpu / "cpu0/cpufreq/cpuinfo_min_freq").read_text())
+    info = lscpu(root)  # lscpu reads cpuN/cpufreq/cpuinfo_{max,min}_freq
+    assert info["CPU max MHz"] == f"{top / 1000:.4f}"
+    assert info["CPU min MHz"] == f"{low / 1000:.4f}"
+    assert low <= node.cpu.mhz * 1000 < top
+    for c in node.cpus:
+        policy = cpu / f"cpu{c.id}/cpufreq"
+        assert os.readlink(policy) == f"../cpufreq/policy{c.id}"
+        assert (policy / "scaling_driver").read_text() == f"{driver}\n"
+        assert (policy / "affected_cpus").read_text() == f"{c.id}\n"
+    policy0 = cpu / "cpufreq/policy0"
+    governors = (policy0 / "scaling_available_governors").read_text().split()
+    assert (policy0 / "scaling_governor").read_text().strip() in governors
+    assert (cpu / f"{pstate}/status").read_text() == "active\n"
+    # ABI/testing/sysfs-devices-system-cpu: cpuidle/current_driver, stateN/{name,desc,...}
+    assert (cpu / "cpuidle/current_driver").read_text() == f"{idle}\n"
+    states = sorted(p.name for p in (cpu / "cpu0/cpuidle").iterdir())
+    assert states[0] == "state0"
+    assert (cpu / "cpu0/cpuidle/state0/name").read_text() == "POLL\n"
+    previous = -1
+    for s in states:
+        d = cpu / f"cpu0/cpuidle/{s}"
+        for attr in ("name", "desc", "latency", "residency", "usage", "time", "disable",
+                     "rejected", "above", "below", "default_status", "power"):
+            assert (d / attr).read_text().endswith("\n"), attr
+        latency = int((d / "latency").read_text())
+        assert latency > previous  # deeper states take longer to leave
+        previous = latency
+        assert int((d / "residency").read_text()) >= latency
+
+
+# -- IOMMU units and lo ------------------------------------------------------------------
+@pytest.mark.parametrize(("which", "prefix", "sub", "attrs"), [
+    ("amd", "ivhd", "amd-iommu", {"cap", "features"}),
+    ("intel", "dmar", "intel-iommu",
+     {"address", "cap", "ecap", "version", "domains_supported", "domains_used"})])
+def test_iommu_units_per_cpu_vendor(which: str, prefix: str, sub: str, attrs: set[str],
+                                    request: pytest.FixtureRequest) -> None:
+    node, root = request.getfixturevalue(which)
+    units = sorted(p.name for p in (root / "sys/class/iommu").iterdir())
+    assert units == [f"{prefix}{k}" for k in range(len(node.host_bridges))]
+    unit = root / "sys/class/iommu" / units[0]
+    assert {p.name for p in (unit / sub).iterdir()} == attrs
+    for attr in attrs:  # ABI: hexadecimal registers, decimal counts, "1:0" version
+        value = (unit / sub / attr).read_text()
+        assert re.fullmatch(r"[0-9a-f]+\n|[0-9]+:[0-9]+\n", value), (attr, value)
+
+
+def test_loopback_interface(intel: tuple[NodeSpec, Path]) -> None:
+    _, root = intel
+    lo = root / "sys/class/net/lo"
+    assert os.readlink(lo) == "../../devices/virtual/net/lo"
+    assert (lo / "ifindex").read_text() == "1\n"
+    assert (lo / "operstate").read_text() == "unknown\n"
+    assert (lo / "type").read_text() == "772\n"  # ARPHRD_LOOPBACK
+    assert int((lo / "flags").read_text(), 16) == 0x9  # IFF_UP | IFF_LOOPBACK
+    assert (lo / "mtu").read_text() == "65536\n"
+    assert (lo / "address").read_text() == "00:00:00:00:00:00\n"

@@ -112,6 +112,15 @@ def add_cpus(ctx: Ctx) -> None:
     ccx_per_socket = -(-spec.cores_per_socket // ccx)
     caches = _caches(node)
     cores = spec.cores_per_socket
+    freq = _freq_policy(node)
+    idle_driver, idle_states = _idle(node)
+    ctx.files(f"{CPU}/cpuidle", {
+        "current_driver": f"{idle_driver}\n",
+        "current_governor_ro": "menu\n",
+        "available_governors": "ladder menu teo \n",
+    })
+    ctx.file(f"{CPU}/cpuidle/current_governor", "menu\n", RW)
+    _pstate(ctx, node)
     for c in node.cpus:
         base = f"{CPU}/cpu{c.id}"
         tmask, tlist = core_fmt[(c.socket, c.core)]
@@ -164,10 +173,100 @@ def add_cpus(ctx: Ctx) -> None:
             )
         if c.id:
             ctx.file(f"{base}/online", "1\n", RW)
+        _cpufreq(ctx, c.id, freq)
+        _cpuidle(ctx, c.id, idle_states)
         ctx.link(f"{base}/node{c.numa_node}", f"{NODE}/node{c.numa_node}")
     # /proc/cpuinfo's "cache size" is the L3 on Intel, the (per-core) L2 on AMD.
     shown = caches[2][2] if "AMD" in spec.vendor else caches[3][2]
     ctx.file("proc/cpuinfo", _cpuinfo(node, shown))
+
+
+# cpuidle states (name, desc, exit latency us, target residency us): intel_idle's table for
+# Sapphire Rapids (drivers/idle/intel_idle.c spr_cstates); acpi_idle's _CST states on AMD
+# EPYC servers. State 0 is the kernel's polling state on both.
+_POLL = ("POLL", "CPUIDLE CORE POLL IDLE", 0, 0)
+_INTEL_IDLE = (_POLL, ("C1", "MWAIT 0x00", 1, 1), ("C1E", "MWAIT 0x01", 2, 4),
+               ("C6", "MWAIT 0x20", 290, 800))
+_ACPI_IDLE = (_POLL, ("C1", "ACPI FFH MWAIT 0x0", 1, 2), ("C2", "ACPI IOPORT 0x814", 18, 36))
+
+
+def _amd(node: NodeSpec) -> bool:
+    return node.cpu.vendor == "AuthenticAMD"
+
+
+def _idle(node: NodeSpec) -> tuple[str, tuple[tuple[str, str, int, int], ...]]:
+    return ("acpi_idle", _ACPI_IDLE) if _amd(node) else ("intel_idle", _INTEL_IDLE)
+
+
+def _cpuidle(ctx: Ctx, cpu: int, states: tuple[tuple[str, str, int, int], ...]) -> None:
+    """``cpuN/cpuidle/stateK/*`` (ABI/testing/sysfs-devices-system-cpu): never entered yet."""
+    for k, (name, desc, latency, residency) in enumerate(states):
+        base = f"{CPU}/cpu{cpu}/cpuidle/state{k}"
+        ctx.files(base, {
+            "name": f"{name}\n", "desc": f"{desc}\n", "latency": f"{latency}\n",
+            "residency": f"{residency}\n",
+            "power": "4294967295\n" if k == 0 else "0\n",
+            "usage": "0\n", "time": "0\n", "rejected": "0\n", "above": "0\n",
+            "below": "0\n", "default_status": "enabled\n",
+        })
+        ctx.file(f"{base}/disable", "0\n", RW)
+
+
+def _freq_policy(node: NodeSpec) -> dict[str, str]:
+    """One cpufreq policy's attributes (kHz): base ``cpu.mhz``; the most a core turbos to
+    is 1.9x base on Intel (8480+: 2.0 -> 3.8 GHz), 1.4x on AMD (9454: 2.75 -> 3.8 GHz)."""
+    base = node.cpu.mhz * 1000
+    amd = _amd(node)
+    top = base * (14 if amd else 19) // 10
+    low = 400_000 if amd else 800_000
+    low = min(low, base)
+    out = {
+        "cpuinfo_max_freq": f"{top}\n",
+        "cpuinfo_min_freq": f"{low}\n",
+        "cpuinfo_transition_latency": "0\n",
+        "scaling_cur_freq": f"{base}\n",
+        "scaling_driver": "amd-pstate-epp\n" if amd else "intel_pstate\n",
+        "scaling_available_governors": "performance powersave\n",
+        "scaling_setspeed": "<unsupported>\n",
+        "energy_performance_available_preferences":
+            "default performance balance_performance balance_power power \n",
+    }
+    if amd:
+        out.update({"amd_pstate_max_freq": f"{top}\n",
+                    "amd_pstate_lowest_nonlinear_freq": f"{min(base, low * 4)}\n",
+                    "amd_pstate_highest_perf": "196\n"})
+    else:
+        out["base_frequency"] = f"{base}\n"
+    return out
+
+
+def _cpufreq(ctx: Ctx, cpu: int, attrs: dict[str, str]) -> None:
+    """``cpufreq/policyN`` (one CPU per policy, as the pstate drivers make them) and the
+    ``cpuN/cpufreq`` link to it (admin-guide/pm/cpufreq.rst)."""
+    base = f"{CPU}/cpufreq/policy{cpu}"
+    ctx.files(base, attrs)
+    ctx.files(base, {"affected_cpus": f"{cpu}\n", "related_cpus": f"{cpu}\n"})
+    ctx.files(base, {
+        "scaling_governor": "powersave\n",
+        "scaling_max_freq": attrs["cpuinfo_max_freq"],
+        "scaling_min_freq": attrs["cpuinfo_min_freq"],
+        "energy_performance_preference": "balance_performance\n",
+    }, RW)
+    ctx.link(f"{CPU}/cpu{cpu}/cpufreq", base)
+
+
+def _pstate(ctx: Ctx, node: NodeSpec) -> None:
+    """The pstate driver's global switches: ``cpu/intel_pstate/`` (admin-guide/pm/
+    intel_pstate.rst) or ``cpu/amd_pstate/`` (admin-guide/pm/amd-pstate.rst)."""
+    if _amd(node):
+        ctx.files(f"{CPU}/amd_pstate", {"prefcore": "enabled\n"})
+        ctx.file(f"{CPU}/amd_pstate/status", "active\n", RW)
+        return
+    ctx.files(f"{CPU}/intel_pstate", {"num_pstates": "31\n", "turbo_pct": "47\n"})
+    ctx.files(f"{CPU}/intel_pstate", {
+        "status": "active\n", "max_perf_pct": "100\n", "min_perf_pct": "21\n",
+        "no_turbo": "0\n", "hwp_dynamic_boost": "0\n",
+    }, RW)
 
 
 def _apic(c: LogicalCpu, node: NodeSpec) -> int:
@@ -215,6 +314,11 @@ def _hugepages(pages: tuple[tuple[int, int], ...]) -> dict[int, int]:
     out = dict.fromkeys(DEFAULT_HUGEPAGE_KB, 0)
     out.update(dict(pages))
     return out
+
+
+def swap_kb(node: NodeSpec) -> int:
+    """KiB of usable swap, as SwapTotal and /proc/swaps count it (the header page not)."""
+    return max(0, node.swap // KiB - 4) if node.swap else 0
 
 
 def _kb_line(label: str, kb: int) -> str:
@@ -301,13 +405,13 @@ def add_numa(ctx: Ctx) -> None:
         _kb_line("SwapCached", 0),
         _kb_line("Active", cached // 2),
         _kb_line("Inactive", cached // 4),
-        _kb_line("SwapTotal", 0),
-        _kb_line("SwapFree", 0),
+        _kb_line("SwapTotal", swap_kb(node)),
+        _kb_line("SwapFree", swap_kb(node)),
         _kb_line("Dirty", 0),
         _kb_line("AnonPages", cached // 4),
         _kb_line("Shmem", 0),
         _kb_line("Slab", cached // 8),
-        _kb_line("CommitLimit", (total_kb - huge_tlb_kb) // 2),
+        _kb_line("CommitLimit", (total_kb - huge_tlb_kb) // 2 + swap_kb(node)),
         _kb_line("AnonHugePages", 0),
         f"{'HugePages_Total:':<16}{default:>8}\n",
         f"{'HugePages_Free:':<16}{default:>8}\n",

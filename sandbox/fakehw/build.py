@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from sandbox.fakehw import _cpu, _fpga, _gpu, _net, _nvme, _pci
 from sandbox.fakehw._common import Ctx, present
+from sandbox.fakehw._system import add_system
 from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree, TreeError
 from sandbox.profile.spec import DeviceSpec, NodeSpec
 
@@ -68,6 +69,7 @@ def _static_of(node: NodeSpec) -> _Static:
     _base_devices(ctx)
     _cpu.add_cpus(ctx)
     _cpu.add_numa(ctx)
+    add_system(ctx)  # memory blocks, bus links, swaps, DMI, IOMMU units
     plan = _pci.plan_pci(node)
     vf_counts: dict[str, int] = {}
     for d in node.devices:

@@ -270,6 +270,34 @@ class Kubelet(Strict):
     ] = "best-effort"
 
 
+class Board(Strict):
+    vendor: Text | None = Field(None, description="default: the system vendor")
+    name: Text | None = None
+    version: Text | None = None
+
+
+class Bios(Strict):
+    vendor: Text | None = None
+    version: Text | None = None
+    date: Annotated[str, Field(
+        pattern=r"^(0[1-9]|1[0-2])/(0[1-9]|[12][0-9]|3[01])/[0-9]{4}$")] | None = Field(
+        None, description="MM/DD/YYYY, as SMBIOS gives it")
+
+
+class System(Strict):
+    """The machine's DMI identity (sys/devices/virtual/dmi/id); what is omitted defaults
+    to a real server model for the CPU vendor."""
+
+    vendor: Text | None = Field(None, description="sys_vendor, e.g. Dell Inc.")
+    product: Text | None = Field(None, description="product_name, e.g. PowerEdge XE9680")
+    version: Text | None = Field(None, description="product_version")
+    board: Board | None = None
+    bios: Bios | None = None
+    chassis_type: Annotated[int, Field(ge=1, le=0x24)] | None = Field(
+        None, description="SMBIOS chassis type code: 17 main server chassis (default), "
+        "23 rack mount chassis")
+
+
 class Node(Strict):
     name: Name
     count: Annotated[int, Field(ge=1, le=64)] = 1
@@ -278,6 +306,9 @@ class Node(Strict):
     kubelet: Kubelet = Field(default_factory=Kubelet)
     cpu: Cpu = Field(default_factory=Cpu)
     memory: Quantity | None = Field(None, description="total; default 16Gi per NUMA node")
+    swap: Quantity | None = Field(None, description="swap space (/proc/swaps, SwapTotal); "
+                                  "default none")
+    system: System | None = None
     numa: Numa = Field(default_factory=lambda: Numa())
     pci: Pci = Field(default_factory=lambda: Pci())
     devices: list[Device] = Field(

@@ -209,6 +209,26 @@ class CpuSpec:
 
 
 @dataclass(frozen=True)
+class SystemSpec:
+    """The machine's DMI identity (``sys/devices/virtual/dmi/id``): the profile's ``system``
+    over defaults per CPU vendor; serial and UUID per replica."""
+
+    sys_vendor: str
+    product_name: str
+    product_version: str
+    product_serial: str
+    product_uuid: str
+    board_vendor: str
+    board_name: str
+    board_version: str
+    board_serial: str
+    bios_vendor: str
+    bios_version: str
+    bios_date: str  # MM/DD/YYYY, as SMBIOS type 0 gives it
+    chassis_type: int  # SMBIOS type 3 code: 17 main server chassis, 23 rack mount
+
+
+@dataclass(frozen=True)
 class NodeSpec:
     name: str  # replica name: the node name, or name-I when count > 1
     base_name: str
@@ -225,6 +245,8 @@ class NodeSpec:
     # physical functions and every possible SR-IOV VF (enabled or not).
     pci: tuple[PciFunction, ...]
     devices: tuple[DeviceSpec, ...]
+    swap: int = 0  # bytes of swap (/proc/swaps, SwapTotal); 0: none
+    system: SystemSpec | None = None  # set on every replica by the resolver
 
     def device(self, device_id: str) -> DeviceSpec | None:
         return next((d for d in self.devices if d.id == device_id), None)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sandbox.profile import model
-from sandbox.profile.resolve import cpus, limits, memory
+from sandbox.profile.resolve import cpus, limits, memory, system
 from sandbox.profile.resolve.devices import Draft
 from sandbox.profile.resolve.pci import PciPlanner
 from sandbox.profile.resolve.pcitree import plan_tree
@@ -117,6 +117,7 @@ def _resolve_node(
     if devices is None:
         return None
     tree = plan_tree(pci.bridges, devices)
+    swap = system.swap_bytes(node, loc, problems)
     cpu = node.cpu
     return NodeSpec(
         name=node.name,
@@ -133,4 +134,5 @@ def _resolve_node(
         host_bridges=tuple(pci.host_bridges),
         pci=tree,
         devices=(),
+        swap=swap,
     ), devices

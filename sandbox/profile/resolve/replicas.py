@@ -10,6 +10,7 @@ import uuid as uuidlib
 
 from sandbox.profile import catalogue, model
 from sandbox.profile.resolve.devices import Draft, replace
+from sandbox.profile.resolve.system import system_spec
 from sandbox.profile.spec import DeviceSpec, DevNodeSpec, GenericSpec, NodeSpec, PciFunction
 
 
@@ -70,6 +71,9 @@ def replica(
         topology_manager_policy=template.topology_manager_policy, cpu=template.cpu,
         cpus=template.cpus, numa=template.numa, memory=template.memory,
         host_bridges=template.host_bridges, pci=template.pci, devices=tuple(devices),
+        swap=template.swap,
+        system=system_spec(node, seeded(profile_name, name, "dmi", "uuid"),
+                           seeded(profile_name, name, "dmi", "serial")),
     )
 
 
