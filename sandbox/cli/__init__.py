@@ -30,6 +30,7 @@ VERBS = {
     "show": "summarise a profile: NUMA nodes, CPUs, memory, devices",
     "schema": "print the profile JSON Schema",
     "render": "write a node's fake /sys, /dev, /proc to a directory",
+    "capture": "write a hardware profile of this machine's /sys and /proc",
     "mount": "serve a node's fake /sys, /dev, /proc live over FUSE",
     "fault": "inject faults: device health, unplug/plug, SR-IOV VFs, kubelet restart",
     "kubelet": "a kubelet stand-in: serve, or check a device plugin's protocol",
