@@ -9,6 +9,7 @@ exists, CPU lists don't overlap, VFs fit...) live in ``checks``; filling in defa
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -106,6 +107,21 @@ Health = Literal["healthy", "unhealthy"]
 HealthReason = Literal["aer-fatal", "link-down", "port-down", "removed"]
 
 
+def _limits_text(text: str) -> Callable[..., None]:
+    """A JSON Schema hook: ``text`` as the description, its ``{MAX_...}`` filled in from
+    ``sandbox.profile.resolve.limits`` (what the resolver enforces) when the schema is
+    generated; not at import time, as the resolver imports this module."""
+
+    def hook(schema: dict[str, Any], *_cls: Any) -> None:
+        from sandbox.profile.resolve import limits
+
+        schema["description"] = text.format(**{k: f"{v:,}".replace(",", "")
+                                                 for k, v in vars(limits).items()
+                                                 if k.startswith("MAX_")})
+
+    return hook
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -122,7 +138,10 @@ class Metadata(Strict):
 
 
 class Cpu(Strict):
-    """sockets x coresPerSocket x threadsPerCore may be at most 2048 logical CPUs."""
+    """sockets x coresPerSocket x threadsPerCore may be at most ``limits.MAX_CPUS``."""
+
+    model_config = ConfigDict(json_schema_extra=_limits_text(
+        "sockets x coresPerSocket x threadsPerCore may be at most {MAX_CPUS} logical CPUs."))
 
     sockets: Annotated[int, Field(ge=1, le=16)] = 1
     cores_per_socket: Annotated[int, Field(ge=1, le=512)] = 4
@@ -313,13 +332,14 @@ class Node(Strict):
     pci: Pci = Field(default_factory=lambda: Pci())
     devices: list[Device] = Field(
         default_factory=list,
-        description="at most 1024 devices (the sum of counts) and 8192 PCI functions (every "
-        "possible SR-IOV VF included) per node")
+        json_schema_extra=_limits_text(
+            "at most {MAX_DEVICES} devices (the sum of counts) and {MAX_FUNCTIONS} PCI "
+            "functions (every possible SR-IOV VF included) per node"))
 
 
 class Profile(Strict):
     api_version: Literal["hwsandbox.dev/v1alpha1"]
     kind: Literal["HardwareProfile"]
     metadata: Metadata
-    nodes: list[Node] = Field(min_length=1, max_length=64,
-                              description="at most 64 nodes, replicas (count) included")
+    nodes: list[Node] = Field(min_length=1, max_length=64, json_schema_extra=_limits_text(
+        "at most {MAX_NODES} nodes, replicas (count) included"))
