@@ -289,10 +289,75 @@ def test_scenario_validation_reports_every_problem(tmp_path: Path) -> None:
         "s.yaml: steps[7].extra: unknown field for set-vfs",
     ]
     (tmp_path / "bad.yaml").write_text("steps: [")
-    with pytest.raises(ScenarioError, match="bad.yaml: not YAML"):
+    with pytest.raises(ScenarioError, match="bad.yaml:1:9: not YAML"):
         load_scenario(tmp_path / "bad.yaml")
-    with pytest.raises(ScenarioError, match="cannot read"):
+    with pytest.raises(ScenarioError, match="missing.yaml:1:1: cannot read"):
         load_scenario(tmp_path / "missing.yaml")
+
+
+LOCATED = """\
+version: 2
+bogus: 1
+steps:
+  - {at: -1, do: unplug, device: gpu0}
+  - {at: 1, do: explode}
+  - at: 1
+    do: storm
+    changes: 0
+    ops: [dance]
+  - {at: 1, expect: {gpu0: {color: red, plugged: "yes"}}}
+  - {at: 1, do: unplug, device: gpu0, device: gpu1}
+  - {at: 1, <<: {do: plug}}
+"""
+
+
+def test_scenario_problems_in_a_file_carry_line_and_column(
+    tmp_path: Path, client: ControlClient
+) -> None:
+    """As profile problems do: ``file:line:col: path: message``, the column of the value
+    (of the key, for an unknown or duplicate field)."""
+    path = tmp_path / "s.yaml"
+    path.write_text(LOCATED)
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(path)
+    assert exc.value.problems == [
+        f"{path}:11:39: steps[4].device: duplicate key",
+        f"{path}:12:13: steps[5]: merge keys (<<) are not supported",
+    ]
+    path.write_text(LOCATED.rsplit("  - {at: 1, do: unplug", 1)[0])
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(path)
+    assert exc.value.problems == [
+        f"{path}:2:1: bogus: unknown field",
+        f"{path}:1:10: version: unsupported version 2 (have 1)",
+        f"{path}:4:10: steps[0].at: expected a number of seconds, 0 to 604800",
+        f"{path}:5:17: steps[1].do: unknown action 'explode' "
+        "(expected health, unplug, plug, set-vfs, storm)",
+        f"{path}:8:14: steps[2].changes: expected an integer 1..100000",
+        f"{path}:9:10: steps[2].ops: expected a non-empty list of health, unplug, plug, set-vfs",
+        f"{path}:10:29: steps[3].expect.gpu0.color: unknown field "
+        "(expected health, reason, plugged, num_vfs)",
+        f"{path}:10:50: steps[3].expect.gpu0.plugged: expected true or false",
+    ]
+    for text, message in [
+        ("steps: [{at: 1, do: unplug}", "1:28: not YAML: expected ',' or ']'"),
+        ("steps: " + "[" * 70 + "]" * 70, "1:72: not YAML: nested deeper than 64 levels"),
+        ("steps:\n  - {at: 1, do: \x07}", "2:17: not YAML: special characters"),
+        ("- 1", "1:1: expected a mapping with `steps`"),
+        ("# nothing", "1:1: empty file"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ScenarioError, match=re.escape(f"{path}:{message}")):
+            load_scenario(path)
+    path.write_bytes(b"steps:\n  - {at: 1, do: \xff}")
+    with pytest.raises(ScenarioError, match=re.escape(f"{path}:2:17: not UTF-8")):
+        load_scenario(path)
+    # a change the server refuses names the step's place too
+    path.write_text("steps:\n  - {at: 0, do: plug, device: gpu0}\n"
+                    "  - {at: 0, do: unplug, device: gpu42}\n")
+    with pytest.raises(ScenarioError,
+                       match=re.escape(f"{path}:3:5: steps[1] at 0s: unplug: unknown device")):
+        run_scenario(load_scenario(path), client)
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -12,11 +12,13 @@
       - {at: 9.0, expect: {gpu0: {plugged: true}, gpu1: {num_vfs: 4}}}
 
 ``load_scenario`` validates the whole file and reports every problem at once
-(``ScenarioError``). ``expand`` turns a scenario into a flat, time-sorted list of
-``Action``s (pure: a storm is drawn from ``random.Random`` seeded by the scenario seed and
-the step number, so the same file always gives the same changes). ``run_scenario``
-performs the actions through a ``ControlClient`` at their times and returns the
-``expect`` checks for the caller to assert on.
+(``ScenarioError``), each located like a profile problem: ``file:line:col: path: message``
+(a document given as a Python object, ``parse_scenario(doc)``, has no lines to name).
+``expand`` turns a scenario into a flat, time-sorted list of ``Action``s (pure: a storm
+is drawn from ``random.Random`` seeded by the scenario seed and the step number, so the
+same file always gives the same changes). ``run_scenario`` performs the actions through a
+``ControlClient`` at their times and returns the ``expect`` checks for the caller to
+assert on.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ EXPECT_KEYS = ("health", "reason", "plugged", "num_vfs")
 # Bounds: a scenario is a test plan, not a workload generator. Past these it is refused
 # before anything is expanded in memory or sent.
 MAX_BYTES = 1 << 20
+MAX_DEPTH = 64  # nesting levels; a scenario needs 4
+MAX_VALUES = 600_000  # YAML values in all: more than 1 MiB of plain YAML holds, so only
+# aliases re-used over and over (the "billion laughs") reach it
 MAX_SECONDS = 7 * 24 * 3600.0  # at, every, over
 MAX_ACTIONS = 100_000  # every change of every step, repeats and storms included
 MAX_SEED = 2**64
@@ -70,6 +75,7 @@ class Step:
     repeat: int = 1
     every: float = 0.0
     expect: Mapping[str, Mapping[str, Any]] | None = None
+    where: str = ""  # "line:col" of the step in its file, when it came from one
 
 
 @dataclass(frozen=True)
@@ -131,47 +137,162 @@ class Client(Protocol):
 
 
 # -- loading ------------------------------------------------------------------------------
+class _Positions:
+    """Where each value and each mapping key of a scenario file starts (1-based line and
+    column), by the path problems name: ``steps``, ``steps[0]``, ``steps[0].at``."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, tuple[int, int]] = {}
+        self.keys: dict[str, tuple[int, int]] = {}
+        self.visited = 0
+        self.last = (1, 1)  # the value or key constructed last
+
+    def of(self, where: str, *, key: bool = False) -> tuple[int, int]:
+        if key and where in self.keys:
+            return self.keys[where]
+        while where not in self.values and where:
+            where = where[:max(where.rfind("."), where.rfind("["), 0)]
+        return self.values.get(where, (1, 1))
+
+
 class _Problems:
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, positions: _Positions | None = None) -> None:
         self.source = source
+        self.positions = positions
         self.lines: list[str] = []
 
-    def __call__(self, where: str, msg: str) -> None:
-        self.lines.append(f"{self.source}: {where}: {msg}")
+    def at(self, where: str, *, key: bool = False) -> str:
+        """``source:line:col`` of ``where`` (just ``source`` without positions)."""
+        if self.positions is None:
+            return self.source
+        line, col = self.positions.of(where, key=key)
+        return f"{self.source}:{line}:{col}"
+
+    def __call__(self, where: str, msg: str, *, key: bool = False) -> None:
+        """One problem with the value at ``where`` (with its key, for an unknown field)."""
+        self.lines.append(f"{self.at(where, key=key)}: {where}: {msg}")
 
     def __len__(self) -> int:
         return len(self.lines)
+
+
+def _whole(source: str, msg: str, line: int = 1, col: int = 1) -> ScenarioError:
+    return ScenarioError([f"{source}:{line}:{col}: {msg}"])
 
 
 def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     try:
         if p.is_dir():
-            raise ScenarioError([f"{p}: is a directory, not a scenario file"])
+            raise _whole(str(p), "is a directory, not a scenario file")
+        if p.exists() and not p.is_file():
+            raise _whole(str(p), "not a regular file")  # a FIFO would block forever
         with p.open("rb") as fh:
             raw = fh.read(MAX_BYTES + 1)
     except OSError as exc:
-        raise ScenarioError([f"{p}: cannot read: {exc.strerror}"]) from exc
+        raise _whole(str(p), f"cannot read: {exc.strerror}") from exc
     if len(raw) > MAX_BYTES:
-        raise ScenarioError([f"{p}: larger than {MAX_BYTES >> 20} MiB; not a scenario"])
+        raise _whole(str(p), f"larger than {MAX_BYTES >> 20} MiB; not a scenario")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ScenarioError([f"{p}: not UTF-8 text (byte {exc.start})"]) from None
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise _whole(str(p), f"not UTF-8 text (byte {exc.start})", line, col) from None
     return parse_scenario_text(text, source=str(p))
 
 
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _mark(mark: yaml.Mark | None) -> tuple[int, int]:
+    return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+
+
 def parse_scenario_text(text: str, *, source: str = "<scenario>") -> Scenario:
-    """Parse and validate a scenario's YAML text; ScenarioError for any problem."""
+    """Parse and validate a scenario's YAML text; ScenarioError for any problem, each
+    with the line and column it is about."""
     try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScenarioError([f"{source}: not YAML: {exc}"]) from None
+        loader = _Loader(text)
+    except yaml.reader.ReaderError as exc:  # control characters, rejected up front
+        pos = exc.position
+        line = text.count("\n", 0, pos) + 1
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        raise _whole(source, f"not YAML: {exc.reason}", line, col) from None
+    try:
+        root = loader.get_single_node()
     except RecursionError:
-        raise ScenarioError([f"{source}: not YAML: nested too deeply"]) from None
-    except ValueError as exc:  # e.g. an integer past Python's digit limit
-        raise ScenarioError([f"{source}: not YAML: {exc}"]) from None
-    return parse_scenario(doc, source=source)
+        raise _whole(source, f"not YAML: nested too deeply (at most {MAX_DEPTH} "
+                             "levels)") from None
+    except yaml.MarkedYAMLError as exc:
+        line, col = _mark(exc.problem_mark or exc.context_mark)
+        what = exc.problem or exc.context or "invalid YAML"
+        raise _whole(source, f"not YAML: {what}", line, col) from None
+    except (yaml.YAMLError, ValueError) as exc:
+        raise _whole(source, f"not YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    if root is None:
+        raise _whole(source, "empty file: expected a mapping with `steps`")
+    positions = _Positions()
+    problems: list[str] = []
+    try:
+        doc = _construct(loader, root, "", positions, problems, source)
+    except _TooMuch as exc:
+        raise _whole(source, f"not YAML: {exc.message}", *exc.where) from None
+    except yaml.MarkedYAMLError as exc:
+        line, col = _mark(exc.problem_mark or exc.context_mark)
+        raise _whole(source, f"not YAML: {exc.problem or exc}", line, col) from None
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
+        # e.g. an integer past Python's digit limit: its node was the last one recorded
+        raise _whole(source, f"not YAML: {exc}", *positions.last) from None
+    if problems:
+        raise ScenarioError(problems)
+    return parse_scenario(doc, source=source, positions=positions)
+
+
+class _TooMuch(Exception):
+    def __init__(self, message: str, where: tuple[int, int]) -> None:
+        self.message = message
+        self.where = where
+
+
+def _construct(loader: _Loader, node: yaml.Node, where: str, pos: _Positions,
+               problems: list[str], source: str, depth: int = 0) -> Any:
+    """The document below ``node``, recording where each value and key starts."""
+    start = _mark(node.start_mark)
+    if depth > MAX_DEPTH:
+        raise _TooMuch(f"nested deeper than {MAX_DEPTH} levels", start)
+    pos.visited += 1
+    if pos.visited > MAX_VALUES:
+        raise _TooMuch(f"more than {MAX_VALUES} values (aliases expanding too far?)", start)
+    pos.values.setdefault(where, start)
+    pos.last = start
+    if isinstance(node, yaml.MappingNode):
+        out: dict[Any, Any] = {}
+        for key_node, value_node in node.value:
+            kline, kcol = _mark(key_node.start_mark)
+            here = f"{source}:{kline}:{kcol}: {where}" if where else f"{source}:{kline}:{kcol}"
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                problems.append(f"{here}: merge keys (<<) are not supported")
+                continue
+            pos.last = (kline, kcol)
+            key = loader.construct_object(key_node, deep=True)
+            if isinstance(key, list | dict | set) or key is None:
+                problems.append(f"{here}: mapping keys must be plain scalars")
+                continue
+            child = f"{where}.{key}" if where else str(key)
+            if key in out:
+                problems.append(f"{source}:{kline}:{kcol}: {child}: duplicate key")
+                continue
+            pos.keys.setdefault(child, (kline, kcol))
+            out[key] = _construct(loader, value_node, child, pos, problems, source, depth + 1)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(loader, item, f"{where}[{i}]", pos, problems, source, depth + 1)
+                for i, item in enumerate(node.value)]
+    return loader.construct_object(node, deep=True)
 
 
 def _num(v: object) -> TypeGuard[int | float]:
@@ -184,13 +305,15 @@ def _int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool) and -MAX_SEED <= v <= MAX_SEED
 
 
-def parse_scenario(doc: object, *, source: str = "<scenario>") -> Scenario:
-    """Validate a decoded scenario document; raises ScenarioError listing every problem."""
-    bad = _Problems(source)
+def parse_scenario(doc: object, *, source: str = "<scenario>",
+                   positions: _Positions | None = None) -> Scenario:
+    """Validate a decoded scenario document; raises ScenarioError listing every problem
+    (located when ``positions`` of the file it came from are given)."""
+    bad = _Problems(source, positions)
     if not isinstance(doc, dict):
-        raise ScenarioError([f"{source}: expected a mapping with `steps`"])
+        raise ScenarioError([f"{bad.at('')}: expected a mapping with `steps`"])
     for key in sorted(set(doc) - {"version", "seed", "steps", "name", "description"}, key=str):
-        bad(str(key), "unknown field")
+        bad(str(key), "unknown field", key=True)
     if not _int(doc.get("version", 1)) or doc.get("version", 1) != 1:
         bad("version", f"unsupported version {doc.get('version')!r} (have 1)")
     seed = doc.get("seed", 0)
@@ -238,7 +361,7 @@ def _parse_step(raw: object, where: str, bad: _Problems) -> Step | None:
         do = None
     allowed = _COMMON | (_STEP_KEYS[do] if do else set())
     for key in sorted(set(raw) - allowed, key=str):
-        bad(f"{where}.{key}", "unknown field" + (f" for {do}" if do else ""))
+        bad(f"{where}.{key}", "unknown field" + (f" for {do}" if do else ""), key=True)
     repeat = raw.get("repeat", 1)
     every = raw.get("every", 0.0)
     if not _int(repeat) or not 1 <= repeat <= MAX_ACTIONS:
@@ -257,7 +380,8 @@ def _parse_step(raw: object, where: str, bad: _Problems) -> Step | None:
     if len(bad) != n_before or not _num(at) or not _num(every):
         return None
     args = {k: v for k, v in raw.items() if k not in _COMMON}
-    return Step(float(at), do, args, repeat, float(every), expect)
+    located = bad.at(where)[len(bad.source) + 1:]
+    return Step(float(at), do, args, repeat, float(every), expect, located)
 
 
 def _check_op_args(op: str, raw: Mapping[str, Any], where: str, bad: _Problems) -> None:
@@ -317,7 +441,7 @@ def _check_expect(expect: object, where: str, bad: _Problems) -> None:
             bad(w, f"expected a mapping with some of {', '.join(EXPECT_KEYS)}")
             continue
         for key in sorted(set(want) - set(EXPECT_KEYS), key=str):
-            bad(f"{w}.{key}", f"unknown field (expected {', '.join(EXPECT_KEYS)})")
+            bad(f"{w}.{key}", f"unknown field (expected {', '.join(EXPECT_KEYS)})", key=True)
         if "health" in want and want["health"] not in [h.value for h in Health]:
             bad(f"{w}.health", "expected healthy or unhealthy")
         if "reason" in want and want["reason"] not in [*(r.value for r in Reason), None]:
@@ -448,8 +572,10 @@ def run_scenario(
             try:
                 reply = apply_action(client, action.change)
             except ControlError as exc:
+                where = scenario.steps[action.step].where
+                source = f"{scenario.source}:{where}" if where else scenario.source
                 raise ScenarioError(
-                    [f"{scenario.source}: steps[{action.step}] at {action.at:g}s: {exc}"]
+                    [f"{source}: steps[{action.step}] at {action.at:g}s: {exc}"]
                 ) from exc
             result.applied.append((action, reply))
             if on_action is not None:
