@@ -39,6 +39,8 @@ KUBELET_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 BINARIES = {
     "sample-device-plugin": "sample-device-plugin",
     "intel-gpu-plugin": "gpu_plugin",
+    "intel-fpga-plugin": "fpga_plugin",
+    "intel-qat-plugin": "qat_plugin",
 }
 
 _GO_HINT = (

@@ -1,7 +1,9 @@
 """FPGAs on the DFL bus (Intel PAC): ``<BDF>/fpga_region/regionN`` holding ``dfl-fme.N``
 and ``dfl-port.M``, the FME's nested PR region with ``compat_id``, ``class/fpga_region``
 and ``/dev/dfl-{fme,port}.N`` (Documentation/ABI/testing/sysfs-platform-dfl-fme,
-sysfs-platform-dfl-port, sysfs-class-fpga-region, Documentation/fpga/dfl.rst)."""
+sysfs-platform-dfl-port, sysfs-class-fpga-region, Documentation/fpga/dfl.rst), with the
+``/dev/char/MAJOR:MINOR`` links udev makes for them (Intel's FPGA plugin finds a port's FME
+through the FME's ``dev`` attribute and ``/dev/char``)."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ def add_fpgas(ctx: Ctx, fpgas: list[DeviceSpec], pci: dict[str, str]) -> None:
         ctx.link(f"sys/class/fpga_region/region{r}", region)
         fme = f"{region}/dfl-fme.{r}"
         ctx.chardev(f"dfl-fme.{r}", DFL_FME_MAJOR, r, fme, "DRIVER=dfl-fme\n")
+        ctx.link(f"dev/char/{DFL_FME_MAJOR}:{r}", f"dev/dfl-fme.{r}")
         ctx.files(
             fme,
             {
@@ -60,6 +63,7 @@ def add_fpgas(ctx: Ctx, fpgas: list[DeviceSpec], pci: dict[str, str]) -> None:
             n = fpga.first_port + k
             port = f"{region}/dfl-port.{n}"
             ctx.chardev(f"dfl-port.{n}", DFL_PORT_MAJOR, n, port, "DRIVER=dfl-port\n")
+            ctx.link(f"dev/char/{DFL_PORT_MAJOR}:{n}", f"dev/dfl-port.{n}")
             afu = fpga.afu_ids[k] if k < len(fpga.afu_ids) else ""
             ctx.files(
                 port,
