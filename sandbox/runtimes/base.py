@@ -11,7 +11,7 @@ State of one sandbox lives under ``state_dir`` (default ``/run/hw-sandbox/<name>
 Names are DNS labels (``check_name``), so a state dir is always a direct child of the state
 root; ``write_record`` creates it with a ``.hw-sandbox-state`` marker, and
 ``remove_state_dir`` removes only a marked directory, never following symlinks and never
-crossing into a mount.
+crossing into a mount (``remove_marked_dir``: the same for any directory a runtime marks).
 """
 
 from __future__ import annotations
@@ -158,28 +158,34 @@ def read_record(state_dir: Path) -> dict[str, Any] | None:
 
 
 def remove_state_dir(state_dir: Path) -> None:
-    """``rm -r`` of a state dir ``write_record`` made: refuses anything unmarked, never
-    follows a symlink (every step is relative to an open directory), and refuses to
-    cross into a mount point instead of removing what a live mount holds."""
+    """``rm -r`` of a state dir ``write_record`` made (see ``remove_marked_dir``)."""
     check_name(state_dir.name)
+    remove_marked_dir(state_dir, STATE_MARKER)
+
+
+def remove_marked_dir(path: Path, marker: str) -> None:
+    """``rm -r`` of a directory this program made and marked with the file ``marker``:
+    refuses anything unmarked, never follows a symlink (every step is relative to an
+    open directory), and refuses to cross into a mount point instead of removing what a
+    live mount holds. Nothing there is not an error."""
     try:
-        top = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except FileNotFoundError:
         return
     except OSError as exc:
-        raise SandboxError(f"{state_dir}: not removing it: {exc.strerror}") from exc
+        raise SandboxError(f"{path}: not removing it: {exc.strerror}") from exc
     try:
         try:
-            st = os.stat(STATE_MARKER, dir_fd=top, follow_symlinks=False)
+            st = os.stat(marker, dir_fd=top, follow_symlinks=False)
         except FileNotFoundError:
             st = None
         if st is None or not stat.S_ISREG(st.st_mode):
-            raise SandboxError(f"{state_dir}: no {STATE_MARKER} marker; it was not made by "
+            raise SandboxError(f"{path}: no {marker} marker; it was not made by "
                                "`sandbox up`, so it is not removed")
-        _empty_dir(top, os.fstat(top).st_dev, str(state_dir))
+        _empty_dir(top, os.fstat(top).st_dev, str(path))
     finally:
         os.close(top)
-    os.rmdir(state_dir)
+    os.rmdir(path)
 
 
 def _empty_dir(fd: int, dev: int, shown: str) -> None:

@@ -54,6 +54,7 @@ from sandbox.runtimes.base import (
     Progress,
     SandboxStatus,
     read_record,
+    remove_marked_dir,
     remove_state_dir,
     write_record,
 )
@@ -101,6 +102,11 @@ __all__ = [
     "kubelet_config", "kubelet_root",
     "mounts_below", "running", "shim_pids",
 ]
+
+
+# The file ``_save_logs`` puts in the copy of a failed start's logs: only a directory
+# with it is ever replaced.
+FAILED_LOGS_MARKER = ".hw-sandbox-failed-logs"
 
 
 class NativeRuntime:
@@ -205,11 +211,22 @@ class NativeRuntime:
             raise
 
     def _save_logs(self, layout: Layout, progress: Progress) -> None:
-        if layout.logs.is_dir():
-            keep = layout.state.with_name(layout.state.name + ".failed-logs")
-            shutil.rmtree(keep, ignore_errors=True)
-            shutil.copytree(layout.logs, keep)
-            progress(f"logs of the failed start: {keep}")
+        """Copy the logs to ``<state>.failed-logs`` (beside the state dir, which ``down``
+        removes), marked as ours: the copy a previous failed start left is replaced, a
+        directory of that name that is not ours is left alone."""
+        if not layout.logs.is_dir():
+            return
+        keep = layout.state.with_name(layout.state.name + ".failed-logs")
+        try:
+            remove_marked_dir(keep, FAILED_LOGS_MARKER)
+            keep.mkdir(mode=0o700)
+            (keep / FAILED_LOGS_MARKER).write_text(
+                "logs of a failed `sandbox up`; the next failed start replaces them\n")
+            shutil.copytree(layout.logs, keep, symlinks=True, dirs_exist_ok=True)
+        except (SandboxError, OSError) as exc:
+            progress(f"logs of the failed start not copied to {keep}: {exc}")
+            return
+        progress(f"logs of the failed start: {keep}")
 
     # -- down ---------------------------------------------------------------------------
     def down(self, state_dir: Path, progress: Progress) -> None:
