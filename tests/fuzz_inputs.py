@@ -1,24 +1,37 @@
 """Structure-aware mutators for profiles and scenarios, and the batch runner the fuzz tests
-start as a subprocess (under memory and time limits).
+start as a subprocess.
 
     python -m tests.fuzz_inputs profile|scenario SEED COUNT [ADDRESS-SPACE-BYTES]
 
 Each example is drawn from ``random.Random(f"{kind}:{SEED}:{i}")`` (so a failure names
-its seed and index and can be replayed), put through the whole path (profile: load ->
-resolve -> build every node; scenario: parse -> expand), and judged: only the input error
-type may escape, and every profile problem must carry a line and a column. One JSON line
-per failure on stdout, then ``{"done": COUNT}``.
+its seed and index and can be replayed) and put through the whole path (profile: load ->
+resolve -> build every node; scenario: parse -> expand) in a child forked for it alone
+(``run_limited``: a warm interpreter, so a fork costs about a millisecond), which limits
+its own address space (RLIMIT_AS), CPU time (RLIMIT_CPU) and wall time (an alarm), while
+the batch waits for it with a deadline and kills it past that. Judged: only the input
+error type may escape, and every problem must carry a line and a column (1:1 only for
+a file that could not be parsed at all, or for the document's first value). A child that
+crashed, hung or raised anything else is a failure. One JSON line per failure on stdout,
+then ``{"done": COUNT}``.
 """
 
 from __future__ import annotations
 
 import copy
+import faulthandler
+import functools
+import gc
 import json
+import os
 import random
+import re
 import resource
+import select
 import signal
 import sys
+import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -171,57 +184,185 @@ SCENARIO_KEYS = [
 ]
 
 
+PER_EXAMPLE_CPU_SECONDS = 20
+DEADLINE_GRACE = 15  # seconds past the child's own alarm before the batch kills it
+DEFAULT_MEMORY = 2 << 30
+
+
 def _alarm(_signum: int, _frame: Any) -> None:
     raise TimeoutError(f"example took more than {PER_EXAMPLE_SECONDS} s")
 
 
-def run_profiles(seed: int, count: int) -> None:
+def run_limited(fn: Callable[[], str | None], *, memory: int = DEFAULT_MEMORY,
+                cpu_seconds: int = PER_EXAMPLE_CPU_SECONDS,
+                wall_seconds: int = PER_EXAMPLE_SECONDS,
+                grace: float = DEADLINE_GRACE) -> str | None:
+    """``fn()`` in a forked child under an address-space, CPU-time and wall-time limit.
+
+    ``fn`` returns None (fine) or what went wrong; any exception it raises is what went
+    wrong too. Returns None, or a description of the failure: what ``fn`` said, the
+    child's traceback, or how it died (a signal, its CPU limit, the deadline)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        code = 0
+        try:
+            os.close(r)
+            report = open(w, "wb", buffering=0, closefd=False)  # noqa: SIM115
+            faulthandler.enable(report)  # a fatal signal's traceback goes to the parent
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 5))
+            signal.signal(signal.SIGALRM, _alarm)
+            signal.alarm(wall_seconds)
+            try:
+                verdict = fn()
+            except BaseException as exc:  # noqa: BLE001 - anything is what we hunt
+                verdict = "".join(traceback.format_exception(exc))[-4000:]
+            signal.alarm(0)
+            if verdict:
+                data = verdict.encode("utf-8", "backslashreplace")
+                while data:
+                    data = data[os.write(w, data):]
+        except BaseException:  # noqa: BLE001 - even the report failed: say so by the code
+            code = 3
+        os._exit(code)
+    os.close(w)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + wall_seconds + grace
+    hung = False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([r], [], [], max(left, 0))
+            if not ready:
+                hung = True
+                os.kill(pid, signal.SIGKILL)
+                break
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        _, status = os.waitpid(pid, 0)
+    said = b"".join(chunks).decode("utf-8", "replace")
+    if hung:
+        return f"hung: no exit within {wall_seconds + grace:g} s (killed)\n{said}"
+    if os.WIFSIGNALED(status):
+        sig = signal.Signals(os.WTERMSIG(status))
+        why = f" (more than {cpu_seconds} s of CPU)" if sig is signal.SIGXCPU else ""
+        return f"crashed: killed by {sig.name}{why}\n{said}"
+    if os.WEXITSTATUS(status) != 0:
+        return f"crashed: exited {os.WEXITSTATUS(status)}\n{said}"
+    return said or None
+
+
+def _top_level(path: str, text: str) -> bool:
+    """Whether ``path`` names the document itself or one of its top-level keys, and the
+    document starts at line 1, column 1 (so 1:1 is where it is)."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return False
+    if root is None or (root.start_mark.line, root.start_mark.column) != (0, 0):
+        return False
+    keys = {str(k.value) for k, _ in root.value} if isinstance(root, yaml.MappingNode) else set()
+    return path in keys or ("." not in path and "[" not in path)
+
+
+PROFILE_WHOLE_FILE = ("invalid YAML", "empty file")
+SCENARIO_WHOLE_FILE = ("not YAML", "empty file")
+
+
+def check_profile(text: str, name: str) -> str | None:
+    """Load, resolve and build every node of ``text``: None if only located ProfileErrors
+    came out, else what is wrong."""
     from sandbox.errors import ProfileError
     from sandbox.fakehw.build import build_tree
     from sandbox.profile import load_profile_text
 
-    seeds = seed_profiles()
-    for i in range(count):
-        rng = random.Random(f"profile:{seed}:{i}")
-        text = render_text(mutate(rng.choice(seeds), rng, PROFILE_KEYS), rng)
-        name = f"fuzz-{seed}-{i}.yaml"
-        signal.alarm(PER_EXAMPLE_SECONDS)
-        try:
-            cluster = load_profile_text(text, name).cluster
-            for node in cluster.nodes[:2]:
-                build_tree(node)
-        except ProfileError as exc:
-            bad = [str(p) for p in exc.problems
-                   if p.file != name or p.line < 1 or p.column < 1 or not p.message]
-            if bad or not exc.problems:
-                _fail("profile", seed, i, f"unlocated problem(s): {bad}", text)
-        except BaseException as exc:  # noqa: BLE001 - anything else is what we hunt
-            _fail("profile", seed, i, "".join(traceback.format_exception_only(exc)), text)
-        finally:
-            signal.alarm(0)
-    print(json.dumps({"done": count}), flush=True)
+    try:
+        cluster = load_profile_text(text, name).cluster
+        for node in cluster.nodes:
+            build_tree(node)
+    except ProfileError as exc:
+        if not exc.problems:
+            return "ProfileError without problems"
+        bad = [str(p) for p in exc.problems
+               if p.file != name or p.line < 1 or p.column < 1 or not p.message]
+        whole = len(exc.problems) == 1 and not exc.problems[0].path and \
+            exc.problems[0].message.startswith(PROFILE_WHOLE_FILE)
+        at_start = [p for p in exc.problems if (p.line, p.column) == (1, 1)]
+        if at_start and not whole and not all(_top_level(p.path, text) for p in at_start):
+            bad += [str(p) for p in at_start]
+        return f"unlocated problem(s): {bad}" if bad else None
+    return None
 
 
-def run_scenarios(seed: int, count: int) -> None:
+_LOCATED = re.compile(r"(?P<line>[0-9]+):(?P<col>[0-9]+): (?P<rest>.*)", re.DOTALL)
+
+
+def check_scenario(text: str, source: str) -> str | None:
+    """Parse and expand ``text``: None if only located ScenarioErrors came out."""
     from sandbox.errors import ScenarioError
     from sandbox.fakehw.scenario import expand, parse_scenario_text
 
-    seeds = seed_scenarios()
+    try:
+        expand(parse_scenario_text(text, source=source), ["gpu0", "nic0"])
+    except ScenarioError as exc:
+        if not exc.problems:
+            return "ScenarioError without problems"
+        bad = []
+        for problem in exc.problems:
+            m = _LOCATED.fullmatch(problem[len(source) + 1:]) \
+                if problem.startswith(source + ":") else None
+            if m is None or int(m["line"]) < 1 or int(m["col"]) < 1 or not m["rest"]:
+                bad.append(problem)
+            elif (m["line"], m["col"]) == ("1", "1"):
+                whole = len(exc.problems) == 1 and m["rest"].startswith(SCENARIO_WHOLE_FILE)
+                path = "" if m["rest"].startswith("expected a mapping") else \
+                    m["rest"].split(": ", 1)[0]
+                if not whole and not _top_level(path, text):
+                    bad.append(problem)
+        return f"unlocated problem(s): {bad}" if bad else None
+    return None
+
+
+def profile_case(seed: int, i: int, seeds: list[Any]) -> str:
+    rng = random.Random(f"profile:{seed}:{i}")
+    return render_text(mutate(rng.choice(seeds), rng, PROFILE_KEYS), rng)
+
+
+def scenario_case(seed: int, i: int, seeds: list[Any]) -> str:
+    rng = random.Random(f"scenario:{seed}:{i}")
+    text = render_text(mutate(rng.choice(seeds), rng, SCENARIO_KEYS), rng)
+    if rng.random() < 0.03:
+        text = text.encode("utf-8").decode("latin-1") + "\udcff"  # not clean text
+    return text
+
+
+def run_batch(kind: str, seed: int, count: int, memory: int) -> None:
+    """Every example of a batch, each in its own limited child (see the module doc)."""
+    import sandbox.fakehw.build  # noqa: F401 - warm: every child starts with these loaded
+    import sandbox.fakehw.scenario  # noqa: F401
+    import sandbox.profile  # noqa: F401
+
+    seeds = seed_profiles() if kind == "profile" else seed_scenarios()
+    make = profile_case if kind == "profile" else scenario_case
+    check = check_profile if kind == "profile" else check_scenario
+    for k, doc in enumerate(seeds):  # warm the parent's lazy caches: a child's start is
+        warm = check(yaml.safe_dump(doc, sort_keys=False), f"seed-{k}")  # cheaper then
+        if warm:
+            _fail(kind, seed, -1 - k, f"an unmutated seed fails: {warm}", str(doc))
+    gc.collect()
+    gc.freeze()  # no collection in a child touches (and so copies) the parent's objects
     for i in range(count):
-        rng = random.Random(f"scenario:{seed}:{i}")
-        text = render_text(mutate(rng.choice(seeds), rng, SCENARIO_KEYS), rng)
-        if rng.random() < 0.03:
-            text = text.encode("utf-8").decode("latin-1") + "\udcff"  # not clean text
-        signal.alarm(PER_EXAMPLE_SECONDS)
-        try:
-            expand(parse_scenario_text(text, source=f"fuzz-{seed}-{i}"), ["gpu0", "nic0"])
-        except ScenarioError as exc:
-            if not exc.problems or not all(exc.problems):
-                _fail("scenario", seed, i, "empty problem list", text)
-        except BaseException as exc:  # noqa: BLE001
-            _fail("scenario", seed, i, "".join(traceback.format_exception_only(exc)), text)
-        finally:
-            signal.alarm(0)
+        text = make(seed, i, seeds)
+        name = f"fuzz-{seed}-{i}" + (".yaml" if kind == "profile" else "")
+        verdict = run_limited(functools.partial(check, text, name), memory=memory)
+        if verdict:
+            _fail(kind, seed, i, verdict, text)
     print(json.dumps({"done": count}), flush=True)
 
 
@@ -232,11 +373,8 @@ def _fail(kind: str, seed: int, i: int, error: str, text: str) -> None:
 
 def main() -> None:
     kind, seed, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    if len(sys.argv) > 4:  # the memory limit a user's process might run under
-        limit = int(sys.argv[4])
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    signal.signal(signal.SIGALRM, _alarm)
-    (run_profiles if kind == "profile" else run_scenarios)(seed, count)
+    memory = int(sys.argv[4]) if len(sys.argv) > 4 else DEFAULT_MEMORY
+    run_batch(kind, seed, count, memory)
 
 
 if __name__ == "__main__":
