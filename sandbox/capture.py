@@ -41,7 +41,7 @@ from typing import Any
 
 from sandbox import __version__
 from sandbox.errors import ProfileError, SandboxError
-from sandbox.profile import catalogue, load_profile_text
+from sandbox.profile import catalogue, load_profile_text, model
 from sandbox.profile.cpulist import format_cpulist, parse_cpulist
 from sandbox.profile.model import API_VERSION, KIND, MAX_NUMA_NODES
 
@@ -50,6 +50,7 @@ __all__ = ["Capture", "CaptureError", "capture", "write_capture"]
 CPU_DIR = "sys/devices/system/cpu"
 NODE_DIR = "sys/devices/system/node"
 PCI_DIR = "sys/bus/pci/devices"
+DMI_DIR = "sys/devices/virtual/dmi/id"
 _READ_LIMIT = 1 << 20  # no sysfs or proc file we read is near this
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
 _MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
@@ -300,6 +301,50 @@ def _read_numa(root: _Root, cpus: _Cpus, left_out: list[str]) -> list[dict[str, 
     return nodes
 
 
+def _read_swap(root: _Root) -> str | None:
+    """The swap size: SwapTotal counts every swap area but its header page (4 KiB)."""
+    kb = _meminfo_kb(root.read("proc/meminfo"), "SwapTotal")
+    if not kb:
+        return None
+    areas = max(1, len((root.read("proc/swaps") or "").strip().splitlines()) - 1)
+    return _quantity((kb + 4 * areas) * 1024)
+
+
+_DMI_FIELDS = {
+    "vendor": "sys_vendor", "product": "product_name", "version": "product_version",
+}
+_DMI_BOARD = {"vendor": "board_vendor", "name": "board_name", "version": "board_version"}
+_DMI_BIOS = {"vendor": "bios_vendor", "version": "bios_version", "date": "bios_date"}
+
+
+def _read_system(root: _Root) -> dict[str, Any] | None:
+    """The DMI identity (sys/devices/virtual/dmi/id), where this profile version has it."""
+    if "system" not in model.Node.model_fields or not root.exists(DMI_DIR):
+        return None
+
+    def section(names: dict[str, str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, name in names.items():
+            value = root.line(f"{DMI_DIR}/{name}")
+            if value and not _CONTROL.search(value) and len(value) <= 256:
+                out[key] = value
+        return out
+
+    system = section(_DMI_FIELDS)
+    board, bios = section(_DMI_BOARD), section(_DMI_BIOS)
+    if "date" in bios and not re.fullmatch(r"(0[1-9]|1[0-2])/(0[1-9]|[12][0-9]|3[01])/"
+                                           r"[0-9]{4}", bios["date"]):
+        del bios["date"]
+    if board:
+        system["board"] = board
+    if bios:
+        system["bios"] = bios
+    chassis = root.number(f"{DMI_DIR}/chassis_type")
+    if chassis is not None and 1 <= chassis <= 0x24:
+        system["chassisType"] = chassis
+    return system or None
+
+
 def _read_distances(root: _Root, count: int, left_out: list[str]) -> list[list[int]] | None:
     ids = sorted(int(n[4:]) for n in root.names(NODE_DIR, r"node[0-9]+"))
     matrix: list[list[int]] = []
@@ -344,6 +389,7 @@ class _Function:
     netdevs: list[tuple[str, str | None, int | None]] = field(default_factory=list)
     rdma: bool = False
     fpga_afus: list[str] = field(default_factory=list)
+    drm: bool = False  # has DRM nodes (drm/cardN)
     nvme_model: str | None = None  # nvme/nvmeN/model
     # per namespace disk (nvmeNnM): size in 512-byte sectors, logical block size
     nvme_namespaces: list[tuple[int, int | None]] = field(default_factory=list)
@@ -393,6 +439,7 @@ def _read_function(root: _Root, address: str) -> _Function | None:
         speed = root.number(f"{base}/net/{net}/speed")
         fn.netdevs.append((net, mac, speed if speed is not None and speed > 0 else None))
     fn.rdma = bool(root.names(f"{base}/infiniband", r"[^/]+"))
+    fn.drm = bool(root.names(f"{base}/drm", r"card[0-9]+"))
     for region in root.names(f"{base}/fpga_region", r"region[0-9]+"):
         ports = root.names(f"{base}/fpga_region/{region}", r"dfl-port\.[0-9]+")
         for port in sorted(ports, key=lambda p: int(p.split(".")[1])):
@@ -555,6 +602,8 @@ def _classify_type(fns: list[_Function], numa_count: int, left_out: list[str]) -
         sriov = _sriov(fn, m.max_vfs, m.name, left_out)
         if sriov:
             fields["sriov"] = sriov
+        if vendor == "nvidia" and fn.drm and "drm" in model.Gpu.model_fields:
+            fields["drm"] = True  # nvidia-drm's DRM nodes
         _note_ids(fn, m.subsystem_vendor_id, m.subsystem_device_id, m.driver, left_out)
         return _Entry(fields, fns, comment)
     nic = _nic_model(fn)
@@ -760,6 +809,7 @@ class _Doc:
     host_bridges: list[dict[str, Any]] | None
     entries: list[_Entry]
     with_addresses: bool
+    extra: dict[str, Any] = field(default_factory=dict)  # swap, system
 
     def device(self, e: _Entry) -> dict[str, Any]:
         d = dict(e.fields)
@@ -775,7 +825,8 @@ class _Doc:
         numa: dict[str, Any] = {"nodes": self.numa_nodes}
         if self.distances is not None:
             numa["distances"] = self.distances
-        node: dict[str, Any] = {"name": self.node_name, "cpu": self.cpu, "numa": numa}
+        node: dict[str, Any] = {"name": self.node_name, "cpu": self.cpu, **self.extra,
+                                "numa": numa}
         if self.host_bridges is not None:
             node["pci"] = {"hostBridges": self.host_bridges}
         node["devices"] = [self.device(e) for e in self.entries]
@@ -789,6 +840,7 @@ class _Doc:
                   f"  name: {self.name}", f"  description: {_scalar(self.description)}",
                   "nodes:", f"  - name: {self.node_name}", "    cpu:"]
         lines += [f"      {k}: {_scalar(v)}" for k, v in self.cpu.items()]
+        lines += [f"    {k}: {_flow(v)}" for k, v in self.extra.items()]
         lines += ["    numa:", "      nodes:"]
         lines += [f"        - {_flow(n)}" for n in self.numa_nodes]
         if self.distances is not None:
@@ -860,8 +912,15 @@ def capture(root: str | os.PathLike[str] = "/", name: str | None = None,
     where = os.path.abspath(str(root))
     description = f"captured from {where}" + (f" (host {host})" if host else "") + f" at {stamp}"
     bridges = _host_bridges(r, fns, numa_nodes)
+    extra: dict[str, Any] = {}
+    swap = _read_swap(r)
+    if swap is not None:
+        extra["swap"] = swap
+    system = _read_system(r)
+    if system is not None:
+        extra["system"] = system
     doc = _Doc(profile_name, node, _text(description, "captured"), cpus.fields, numa_nodes,
-               distances, bridges, entries, False)
+               distances, bridges, entries, False, extra)
     addresses_note = "PCI addresses: the resolver's plan gives every device its address here"
     addresses = "machine"
     if not _planned_matches(doc.yaml([]), entries):
@@ -887,14 +946,15 @@ def capture(root: str | os.PathLike[str] = "/", name: str | None = None,
         f"  from: {where}" + (f" (host {host})" if host else ""),
         f"  at:   {stamp}",
         "Read: proc/cpuinfo, sys/devices/system/cpu (topology), sys/devices/system/node",
-        "(cpulist, meminfo, hugepages, distance), sys/bus/pci/devices (ids, class,",
-        "numa_node, driver, SR-IOV, netdevs, NVMe namespaces, fatal AER errors).",
+        "(cpulist, meminfo, hugepages, distance), proc/meminfo (SwapTotal), DMI",
+        "(sys/devices/virtual/dmi/id), sys/bus/pci/devices (ids, class, numa_node,",
+        "driver, SR-IOV, netdevs, NVMe namespaces, DRM nodes, fatal AER errors).",
         "Check it: sandbox validate FILE; see it: sandbox render FILE --out DIR.",
         "",
         "Left out or changed (the profile cannot say it, or capture does not read it):",
-        "  - not read: CPU caches and flags, IOMMU groups, DMI, memory blocks, block",
-        "    devices other than NVMe namespaces, swap, GPU memory and partitions, NIC",
-        "    link state, generic devices' /dev nodes, labels and kubelet settings",
+        "  - not read: CPU caches and flags, IOMMU groups, DMI serials and UUID, memory",
+        "    blocks, block devices other than NVMe namespaces, GPU memory and partitions,",
+        "    NIC link state, generic devices' /dev nodes, labels and kubelet settings",
         "  - generic devices' subsystem ids and revisions (the tree writes the vendor id",
         "    and 0); each device's real ids are in the comment above it",
     ]

@@ -386,3 +386,46 @@ def test_machine_addresses_are_kept(tmp_path: Path) -> None:
     _render_captured(result, second)
     diffs = tree_differences(first, second)
     assert diffs == [], f"{len(diffs)} difference(s):\n" + "\n".join(diffs)
+
+
+NVME_DMI_SWAP = """
+apiVersion: hwsandbox.dev/v1alpha1
+kind: HardwareProfile
+metadata: {name: storage}
+nodes:
+  - name: box
+    cpu: {sockets: 2, coresPerSocket: 4, threadsPerCore: 2}
+    swap: 2Gi
+    system: {vendor: Dell Inc., product: PowerEdge XE9680, chassisType: 23,
+             bios: {version: 1.2.3, date: 01/02/2024}}
+    numa:
+      nodes:
+        - {id: 0, memory: 8Gi}
+        - {id: 1, memory: 8Gi}
+      distances: [[10, 32], [32, 10]]
+    devices:
+      - {type: nvme, vendor: kioxia, model: cm6, count: 2, numaNode: 1, namespaces: 3,
+         lbaSize: 4096, capacity: 3Ti}
+      - {type: nvme, vendor: samsung, model: pm9a3, numaNode: 0}
+      - {type: generic, vendorId: 0x1234, deviceId: 0x5678, classCode: 0x088000,
+         numaNode: 1, driver: foo}
+"""
+
+
+def test_nvme_dmi_and_swap_capture_back(tmp_path: Path) -> None:
+    """NVMe drives (namespaces, capacity, block size), the DMI identity, swap and NUMA
+    distances are read back into the same profile fields."""
+    node = load_profile_text(NVME_DMI_SWAP).cluster.nodes[0]
+    first, second = tmp_path / "first", tmp_path / "second"
+    render(build_tree(node), first)
+    result = capture(first, name="storage", node_name="box")
+    captured = result.profile["nodes"][0]
+    assert captured["swap"] == "2Gi"
+    assert captured["system"]["product"] == "PowerEdge XE9680"
+    assert captured["numa"]["distances"] == [[10, 32], [32, 10]]
+    nvmes = [d for d in captured["devices"] if d["type"] == "nvme"]
+    assert nvmes[0] == {"type": "nvme", "vendor": "kioxia", "model": "cm6", "count": 2,
+                        "numaNode": 1, "namespaces": 3, "capacity": "3Ti", "lbaSize": 4096}
+    _render_captured(result, second)
+    diffs = tree_differences(first, second)
+    assert diffs == [], f"{len(diffs)} difference(s):\n" + "\n".join(diffs)
