@@ -22,6 +22,7 @@ from sandbox.profile.spec import NodeSpec
 from tests.readers import lscpu, lspci_records, lstopo, need, run
 
 MiB, GiB = 2**20, 2**30
+PACKAGES = {"free": "procps", "cpupower": "linux-cpupower"}
 
 AMD_CPU = ("cpu: {sockets: 2, coresPerSocket: 24, threadsPerCore: 2, vendor: AuthenticAMD, "
            "model: AMD EPYC 9454 48-Core Processor, family: 25, modelNumber: 17}")
@@ -215,10 +216,10 @@ def in_namespace(root: Path, paths: list[str], argv: list[str]) -> str:
     """``argv`` with the fake ``paths`` bind-mounted over the real ones in a private mount
     namespace (the real /proc and /sys are never written)."""
     if os.geteuid() != 0:
-        pytest.fail("reading a fake /proc file needs root (unshare -m and bind mounts)")
+        pytest.fail("reading fake /proc or /sys entries needs root (unshare -m and bind mounts)")
     tool = shutil.which(argv[0])
     if tool is None:
-        pytest.fail(f"{argv[0]} is not installed: apt-get install -y procps")
+        pytest.fail(f"{argv[0]} is not installed: apt-get install -y {PACKAGES[argv[0]]}")
     binds = " && ".join(f"mount --bind '{root / p}' '/{p}'" for p in paths)
     script = f"{binds} && exec {' '.join([tool, *argv[1:]])}"
     return run([need("unshare"), "-m", "--propagation", "private", "sh", "-c", script])
@@ -332,6 +333,36 @@ def test_cpufreq_and_cpuidle_per_cpu_vendor(which: str, driver: str, pstate: str
         assert latency > previous  # deeper states take longer to leave
         previous = latency
         assert int((d / "residency").read_text()) >= latency
+
+
+@pytest.mark.parametrize(("which", "driver", "idle"), [
+    ("amd", "amd-pstate-epp", "acpi_idle"), ("intel", "intel_pstate", "intel_idle")])
+def test_cpupower_reads_cpufreq_and_cpuidle(which: str, driver: str, idle: str,
+                                            request: pytest.FixtureRequest) -> None:
+    """Linux's own cpupower (tools/power/cpupower) over the fake cpu directory."""
+    node, root = request.getfixturevalue(which)
+    cpu = root / "sys/devices/system/cpu"
+    last = max(c.id for c in node.cpus)
+    top = (cpu / "cpu0/cpufreq/cpuinfo_max_freq").read_text().strip()
+    low = (cpu / "cpu0/cpufreq/cpuinfo_min_freq").read_text().strip()
+
+    def cpupower(*args: str) -> str:
+        return in_namespace(root, ["sys/devices/system/cpu"], ["cpupower", *args])
+
+    assert cpupower("-c", "0", "frequency-info", "-l").splitlines()[1] == f"{low} {top}"
+    assert f"driver: {driver}\n" in cpupower("-c", str(last), "frequency-info", "-d")
+    assert "governors: performance powersave" in cpupower("-c", "0", "frequency-info", "-g")
+    out = cpupower("-c", str(last), "idle-info")
+    assert f"CPUidle driver: {idle}\n" in out
+    assert "CPUidle governor: menu\n" in out
+    names = [(cpu / f"cpu0/cpuidle/state{k}/name").read_text().strip()
+             for k in range(len(list((cpu / "cpu0/cpuidle").iterdir())))]
+    assert f"Number of idle states: {len(names)}\n" in out
+    assert f"Available idle states: {' '.join(names)}\n" in out
+    for k, name in enumerate(names):
+        latency = (cpu / f"cpu0/cpuidle/state{k}/latency").read_text().strip()
+        assert f"{name}:\nFlags/Description: " in out
+        assert f"Latency: {latency}\n" in out
 
 
 # -- IOMMU units and lo ------------------------------------------------------------------
