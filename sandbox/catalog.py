@@ -40,6 +40,12 @@ PLUGINS = (
     PluginManifest("intel-gpu-plugin", "intel-gpu-plugin.yaml", "device-plugin",
                    "Intel's GPU plugin: cards from /sys/class/drm and /dev/dri",
                    "intel-flex-sriov"),
+    PluginManifest("intel-fpga-plugin", "intel-fpga-plugin.yaml", "device-plugin",
+                   "Intel's FPGA plugin: DFL ports from /sys/class/fpga_region, af or region"
+                   " mode", "fpga-dfl"),
+    PluginManifest("intel-qat-plugin", "intel-qat-plugin.yaml", "device-plugin",
+                   "Intel's QAT plugin: QAT VFs on vfio-pci and their /dev/vfio groups",
+                   "qat-vfio"),
     PluginManifest("nvidia-device-plugin", "nvidia-device-plugin.yaml", "device-plugin",
                    "NVIDIA's plugin and gpu-feature-discovery, unmodified, through our NVML"
                    " (docs/nvml.md)", "8gpu-2numa (any NVIDIA profile)", nvml=True),
