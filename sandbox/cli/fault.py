@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("scenario", type=Path)
     r.add_argument("--node", help="node to run it on (default: the first)")
     r.add_argument("--speed", type=float, default=1.0, help="time multiplier (2 = twice as fast)")
+    r.add_argument("--progress", type=float, default=5.0, metavar="S",
+                   help="say how far the scenario is on stderr every S seconds, during long "
+                   "waits too (default 5; 0: never)")
     k = verbs.add_parser("restart-kubelet", help="restart the node's kubelet, then wait until "
                          "the plugins registered before have registered again")
     k.add_argument("node")
@@ -108,8 +110,10 @@ def run(args: argparse.Namespace) -> int:
             return 0
         elif action == "run":
             scenario = load_scenario(args.scenario)
+            progress = _Progress(count_changes(scenario.steps), args.progress, args.speed)
             result = run_scenario(scenario, client, speed=args.speed,
-                                  on_action=_progress(count_changes(scenario.steps)))
+                                  on_action=progress.applied, on_wait=progress.waiting,
+                                  wait_slice=min(1.0, args.progress or 1.0))
             for check in result.checks:
                 print(check)
             print(f"{len(result.applied)} change(s) applied, "
@@ -127,20 +131,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress(total: int) -> Callable[[Action, dict[str, Any]], None]:
-    """Say how far a long scenario is, every 5 s (stderr), so a run never looks stuck."""
-    done = [0]
-    last = [time.monotonic()]
+class _Progress:
+    """Says how far a scenario run is (stderr), at most every ``every`` seconds, after
+    changes and while waiting for the next one, so a long run never looks stuck."""
 
-    def report(action: Action, _reply: dict[str, Any]) -> None:
-        done[0] += 1
+    def __init__(self, total: int, every: float, speed: float) -> None:
+        self.total = total
+        self.every = every
+        self.speed = speed
+        self.done = 0
+        self.start = self.last = time.monotonic()
+
+    def applied(self, action: Action, _reply: dict[str, Any]) -> None:
+        self.done += 1
+        self._say(f"(at {action.at:g}s)")
+
+    def waiting(self, upcoming: Action) -> None:
+        self._say(f"at {(time.monotonic() - self.start) * self.speed:.0f}s; next at "
+                  f"{upcoming.at:g}s (steps[{upcoming.step}])")
+
+    def _say(self, where: str) -> None:
         now = time.monotonic()
-        if now - last[0] >= 5.0:
-            last[0] = now
-            print(f"  {done[0]} of {total} change(s) applied (at {action.at:g}s)",
-                  file=sys.stderr, flush=True)
-
-    return report
+        if self.every <= 0 or now - self.last < self.every:
+            return
+        self.last = now
+        print(f"  {self.done} of {self.total} change(s) applied {where}", file=sys.stderr,
+              flush=True)
 
 
 def _list(args: argparse.Namespace) -> int:

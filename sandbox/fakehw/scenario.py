@@ -551,11 +551,15 @@ def run_scenario(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     on_action: Callable[[Action, dict[str, Any]], None] | None = None,
+    on_wait: Callable[[Action], None] | None = None,
+    wait_slice: float = 1.0,
 ) -> ScenarioResult:
     """Perform ``scenario`` through ``client`` in real time (``speed`` 2 = twice as fast).
 
     Stops with ScenarioError at the first change the server refuses. Expectations are
-    recorded, not raised: check ``result.ok`` / ``result.failures``."""
+    recorded, not raised: check ``result.ok`` / ``result.failures``. ``on_action`` is
+    called after each change; a wait for the next action is slept in slices of at most
+    ``wait_slice`` seconds, with ``on_wait(next action)`` after each (progress output)."""
     if speed <= 0:
         raise ScenarioError([f"{scenario.source}: speed must be > 0"])
     try:
@@ -566,8 +570,13 @@ def run_scenario(
     t0 = clock()
     for action in expand(scenario, devices):
         delay = t0 + action.at / speed - clock()
-        if delay > 0:
-            sleep(delay)
+        while delay > 0:
+            if on_wait is None:
+                sleep(delay)
+                break
+            sleep(min(delay, wait_slice))
+            on_wait(action)
+            delay = t0 + action.at / speed - clock()
         if action.change is not None:
             try:
                 reply = apply_action(client, action.change)
