@@ -20,7 +20,8 @@ PCI functions become the device types the profile knows when the catalogue
 Intel), NICs (class 02; the functions of one slot are its ports), FPGAs, NVMe drives
 (class 010802; namespaces, capacity and block size from their disks); every other
 function is a ``generic`` device with its raw ids. Bridges (class 06: host bridges, root
-and switch ports, ISA bridges) are not devices: the resolver plans its own. SR-IOV VFs
+and switch ports, ISA bridges; but not 0680 "other bridge", which NVSwitches report) are
+not devices: the resolver plans its own. SR-IOV VFs
 are counted on their PF (``numVFs``), not captured as devices.
 
 PCI addresses are left to the resolver when its plan gives every function the address it
@@ -57,6 +58,7 @@ _MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
 _DRIVER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _BRIDGE_BASE_CLASS = 0x06
+_OTHER_BRIDGE_CLASS = 0x0680  # "other bridge": real devices (NVSwitch, chipset functions)
 _NIC_BASE_CLASS = 0x02
 _IB_CLASS = 0x020700
 _GPU_VENDORS = {catalogue.NVIDIA: "nvidia", catalogue.AMD: "amd", catalogue.INTEL: "intel"}
@@ -699,11 +701,16 @@ def _group_functions(fns: list[_Function]) -> list[list[_Function]]:
     return out
 
 
+def _is_bridge(class_code: int) -> bool:
+    return (class_code >> 16 == _BRIDGE_BASE_CLASS
+            and class_code >> 8 != _OTHER_BRIDGE_CLASS)
+
+
 def _read_pci(root: _Root, numa_count: int, left_out: list[str]
               ) -> tuple[list[_Entry], list[_Function]]:
     fns = [f for a in root.names(PCI_DIR, r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]")
            if (f := _read_function(root, a)) is not None]
-    bridges = [f for f in fns if f.class_code >> 16 == _BRIDGE_BASE_CLASS]
+    bridges = [f for f in fns if _is_bridge(f.class_code)]
     if bridges:
         shown = ", ".join(f"{f.address} ({f.ids} class {f.class_code:06x})" for f in bridges[:12])
         more = f" and {len(bridges) - 12} more" if len(bridges) > 12 else ""

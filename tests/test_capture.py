@@ -58,7 +58,7 @@ def _functions(root: Path) -> dict[str, dict[str, str | None]]:
     for address in sorted(os.listdir(root / PCI)) if (root / PCI).is_dir() else []:
         base = f"{PCI}/{address}"
         cls = _read(root, f"{base}/class") or ""
-        if cls.startswith("0x06"):
+        if cls.startswith("0x06") and not cls.startswith("0x0680"):
             continue  # bridges: the resolver plans its own (see the test's docstring)
         out[address] = {
             "vendor": _read(root, f"{base}/vendor"),
@@ -189,8 +189,9 @@ def test_host_round_trip(tmp_path: Path) -> None:
 
     Choices, where our tree cannot represent the machine:
 
-    * bridges (class 06: host bridges, root and switch ports, ISA bridges) are left out on
-      both sides: the profile has no bridges, the resolver plans its own;
+    * bridges (class 06 but 0680 "other": host bridges, root and switch ports, ISA
+      bridges) are left out on both sides: the profile has no bridges, the resolver plans
+      its own;
     * a real ``numa_node`` of -1 (no firmware affinity, as on this VM) is compared as 0:
       the profile always names a NUMA node, and the capture's header says so;
     * functions are matched by address: capture keeps the machine's addresses (or the
@@ -429,3 +430,26 @@ def test_nvme_dmi_and_swap_capture_back(tmp_path: Path) -> None:
     _render_captured(result, second)
     diffs = tree_differences(first, second)
     assert diffs == [], f"{len(diffs)} difference(s):\n" + "\n".join(diffs)
+
+
+def test_a_numbering_the_tree_does_not_give_is_said(tmp_path: Path) -> None:
+    """Siblings numbered next to each other (cpu0/cpu1 one core, as on many VMs and ARM
+    machines): the profile can only say 1 x 2 x 2, the header says the numbering differs."""
+    root = tmp_path / "root"
+    for c in range(4):
+        topo = root / CPU / f"cpu{c}" / "topology"
+        topo.mkdir(parents=True)
+        for name, value in {"physical_package_id": "0", "core_id": str(c // 2),
+                            "thread_siblings_list": f"{c - c % 2}-{c - c % 2 + 1}"}.items():
+            (topo / name).write_text(value + "\n")
+    (root / CPU / "online").write_text("0-3\n")
+    (root / "proc").mkdir()
+    (root / "proc" / "cpuinfo").write_text("processor\t: 0\nvendor_id\t: GenuineIntel\n"
+                                           "model name\t: Some CPU\ncpu MHz\t\t: 2999.9\n")
+    (root / "proc" / "meminfo").write_text("MemTotal:        4096 kB\n")
+    result = capture(root, name="vm", node_name="vm")
+    cpu = result.profile["nodes"][0]["cpu"]
+    assert (cpu["sockets"], cpu["coresPerSocket"], cpu["threadsPerCore"]) == (1, 2, 2)
+    assert cpu["mhz"] == 3000
+    assert any(n.startswith("CPU numbering: cpu1 is package 0 core 0") for n in result.left_out)
+    assert "# Left out or changed" in result.text
