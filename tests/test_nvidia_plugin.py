@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,16 +135,21 @@ def test_nvidia_plugin_lists_the_profiles_gpus_and_allocates(h100_node: PluginNo
 
 
 def test_nvidia_plugin_sees_faults_through_xid_events(h100_node: PluginNode) -> None:
-    """aer-fatal on gpu3 reaches the plugin's own health check as Xid 48; an unplugged GPU
-    as Xid 79 (and NVML_ERROR_GPU_IS_LOST for queries). Exactly those go unhealthy."""
+    """aer-fatal on gpu3 reaches the plugin's own health check as Xid 48 (within 5 s of the
+    fault); an unplugged GPU as Xid 79 (and NVML_ERROR_GPU_IS_LOST for queries). Exactly
+    those go unhealthy."""
     gpus = tree_gpus(h100_node.live.root)
     by_bdf = {g.bdf: u for u, g in gpus.items()}
     h100_node.wait(lambda s: s.capacity(GPU) == 8, "8 nvidia.com/gpu")
     with h100_node.live.client() as client:
         devices = client.devices()
+        faulted = time.monotonic()
         client.health("gpu3", "unhealthy", "aer-fatal")
     gpu3 = by_bdf[devices["gpu3"]["pci_address"]]
-    snap = h100_node.wait(lambda s: s.allocatable(GPU) == 7, "gpu3 unhealthy")
+    # issue 12's acceptance: within 5 s of the fault call. A functional deadline, not a
+    # speed target (benchmarks/bench_nvml.py measures it: 51 ms median).
+    snap = h100_node.wait(lambda s: s.allocatable(GPU) == 7, "gpu3 unhealthy within 5 s",
+                          timeout=faulted + 5 - time.monotonic())  # fmt: skip
     assert {d.id for d in snap.resources[GPU].devices if d.health != "Healthy"} == {gpu3}
     assert snap.capacity(GPU) == 8
     log = h100_node.log.read_text()
