@@ -21,6 +21,7 @@ import pytest
 from sandbox.agent import unmount
 from sandbox.errors import ControlError
 from sandbox.fakehw.control import ControlClient
+from sandbox.profile.spec import FORMAT_VERSION
 from tests.fakehw_toy import require_fuse
 from tests.readers import lstopo
 
@@ -123,8 +124,8 @@ def test_mount_serves_a_resolved_spec_file(tmp_path: Path, rendered: Path) -> No
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("--spec", "{bad}"), "{bad}: resolved spec version 0; this sandbox reads version 1 "
-                          "(resolve the profile again)"),
+    (("--spec", "{bad}"), "{bad}: resolved spec version 0; this sandbox reads version "
+                          f"{FORMAT_VERSION} (resolve the profile again)"),
     ((str(PROFILE), "--spec"), "{bad}: not a resolved spec (not JSON: Expecting value: "
                                "line 1 column 1 (char 0))".replace("{bad}", str(PROFILE))),
     ((str(PROFILE),), "--node NAME is needed with a profile"),
@@ -211,7 +212,32 @@ def test_fault_list_names_every_device(mounted: tuple[Path, Path]) -> None:
     result = sandbox("fault", "--socket", str(sock), "list")
     assert result.returncode == 0, result.stderr
     ids = [line.split()[1] for line in result.stdout.splitlines()[1:]]
-    assert ids == [f"gpu{i}" for i in range(8)] + ["nic0", "nic1"]
+    assert ids == [f"gpu{i}" for i in range(8)] + ["nic0", "nic1", "nvme0"]
+
+
+def test_nvme_unplug_and_link_down_through_the_cli(mounted: tuple[Path, Path]) -> None:
+    """The demo's NVMe drive takes the generic PCI faults: unplugged, its controller, disk
+    and block links vanish; a surprise link down leaves the controller dead."""
+    root, sock = mounted
+    state = root / "sys/class/nvme/nvme0/state"
+    disk = root / "sys/block/nvme0n1"
+    assert state.read_text() == "live\n"
+    assert (disk / "queue/rotational").read_text() == "0\n"
+    result = sandbox("fault", "--socket", str(sock), "unplug", "gpu-worker", "nvme0")
+    assert result.returncode == 0, result.stderr
+    assert not disk.exists()
+    assert not (root / "sys/class/nvme/nvme0").exists()
+    assert not (root / "sys/dev/block/259:0").exists()
+    assert not (root / "sys/bus/pci/devices/0000:06:00.0").exists()
+    result = sandbox("fault", "--socket", str(sock), "plug", "gpu-worker", "nvme0")
+    assert result.returncode == 0, result.stderr
+    assert (disk / "size").read_text() == "7501476528\n"
+    result = sandbox("fault", "--socket", str(sock), "health", "gpu-worker", "nvme0",
+                     "unhealthy", "--reason", "link-down")
+    assert result.returncode == 0, result.stderr
+    assert state.read_text() == "dead\n"
+    sandbox("fault", "--socket", str(sock), "health", "gpu-worker", "nvme0", "healthy")
+    assert state.read_text() == "live\n"
 
 
 def test_bad_fault_is_a_clear_error(mounted: tuple[Path, Path]) -> None:
