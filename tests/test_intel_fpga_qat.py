@@ -15,7 +15,8 @@ What they read (v0.36.0 source):
   class 0x120000; the FME is ``<pci>/fpga_region/region*/dfl-fme.*`` (its ``dev`` through
   ``/dev/char/MAJ:MIN`` to ``/dev/dfl-fme.N``) and its interface id the nested PR region's
   ``compat_id``. ``-mode region`` offers ``fpga.intel.com/region-<compat_id>`` per FME
-  (Allocate: the region's port nodes, a CDI device, the mode annotation); ``-mode af``
+  (Allocate: the region's port nodes, a CDI device, the mode annotation; ``regiondevel``
+  adds the FME's node instead of the CDI device and annotation); ``-mode af``
   offers ``fpga.intel.com/af-<3 hex>.<3 hex>.<base64url(interface id + afu id)>`` per
   port (Allocate: that port's node). No ioctl is made while scanning.
 - QAT plugin, ``-dpdk-driver vfio-pci`` (its default): PFs under
@@ -169,6 +170,22 @@ def test_intel_fpga_plugin_region_mode() -> None:
         assert all(c == h and perm == "rw" for c, h, perm in alloc.devices)
         assert alloc.annotations == {"com.intel.fpga.mode": "fpga.intel.com/region"}
         assert alloc.cdi_devices == (f"intel.cdi.k8s.io/fpga={fme}",)
+
+
+def test_intel_fpga_plugin_regiondevel_mode() -> None:
+    """Development mode: the same region resource, Allocate adds the FME's /dev/dfl-fme.N
+    (for reprogramming from the container); no CDI device, no annotation."""
+    with intel_plugin("intel-fpga-plugin", ["-mode", "regiondevel"], "fpga-dfl.yaml",
+                      "fpga-worker") as run:  # fmt: skip
+        ports = dfl_ports(run.live.root)
+        (iface,) = {p.interface_id for p in ports.values()}
+        resource = f"{FPGA_NS}/region-{iface}"
+        run.wait(f"2 {resource}", lambda s: s.capacity(resource) == 2)
+        alloc = run.dm.allocate(resource, 1)
+        (fme,) = alloc.device_ids
+        want = sorted([f"/dev/{fme}", *(f"/dev/{p.name}" for p in ports.values() if p.fme == fme)])
+        assert sorted(c for c, _, _ in alloc.devices) == want
+        assert (alloc.annotations, alloc.cdi_devices) == ({}, ())
 
 
 def test_intel_fpga_plugin_af_mode() -> None:

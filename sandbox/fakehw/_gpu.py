@@ -1,5 +1,6 @@
-"""GPUs: NVIDIA device nodes and ``proc/driver/nvidia``; DRM cards for AMD and Intel
-(``class/drm``, ``<BDF>/drm``, ``/dev/dri`` and its by-path links); AMD's KFD topology
+"""GPUs: NVIDIA device nodes and ``proc/driver/nvidia``; DRM cards for AMD and Intel, and
+for NVIDIA GPUs whose profile asks for nvidia-drm (``drm: true``) (``class/drm``,
+``<BDF>/drm``, ``/dev/dri`` and its by-path links); AMD's KFD topology
 (``class/kfd/kfd/topology/nodes``), ``/dev/kfd`` and partition attributes
 (Documentation/ABI/testing/sysfs-class-drm, drivers/gpu/drm/amd/amdkfd/kfd_topology.c,
 Documentation/gpu/amdgpu/driver-misc.rst)."""
@@ -122,6 +123,19 @@ def drm_minors(index: int) -> tuple[int, int]:
         return index, 128 + index
     k = 192 + 2 * (index - 64)
     return k, k + 1
+
+
+def add_drm_common(ctx: Ctx, gpus: list[DeviceSpec]) -> None:
+    """What a node with DRM devices has once: ``class/drm/version``, ``/dev/dri/by-path``
+    and, for NVIDIA GPUs with DRM nodes, the ``nvidia_drm`` module (a DRM driver on top of
+    ``nvidia``, the PCI driver: it binds no PCI function)."""
+    ctx.file("sys/class/drm/version", "drm 1.1.0 20060810\n")
+    ctx.dir("dev/dri/by-path")
+    if ctx.emits(None) and any(d.vendor == "nvidia" for d in gpus):
+        ctx.files("sys/module/nvidia_drm", {"initstate": "live\n", "refcnt": "0\n",
+                                            "version": f"{NVIDIA_DRIVER_VERSION}\n"})
+        ctx.file("sys/module/nvidia_drm/parameters/modeset", "N\n")
+        ctx.dir("sys/module/nvidia_drm/holders")
 
 
 def add_drm(ctx: Ctx, index: int, address: str, fn_path: str) -> None:

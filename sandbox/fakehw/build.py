@@ -158,17 +158,16 @@ def _build(
     nvidia = [d for d in gpus if d.vendor == "nvidia"]
     if _joint(ctx, nvidia):  # the NVML state file and MIG capabilities cover every GPU
         _gpu.add_nvidia(ctx, nvidia, pci, plan)
-    drm = [d for d in gpus if d.vendor != "nvidia"]
+    drm = [d for d in gpus if d.gpu is not None and d.gpu.drm_index >= 0]
     if drm:
-        ctx.file("sys/class/drm/version", "drm 1.1.0 20060810\n")
-        ctx.dir("dev/dri/by-path")
+        _gpu.add_drm_common(ctx, drm)
     # VFs get DRM minors after every physical GPU's, numbered over all POSSIBLE VFs.
     vf_minor = len(drm)
     for d in drm:
         assert d.gpu is not None
         fn = pci.get(d.address)
         if fn is not None and ctx.emits(d.id):
-            _gpu.add_drm(ctx, d.gpu.minor, d.address, fn)
+            _gpu.add_drm(ctx, d.gpu.drm_index, d.address, fn)
             if d.vendor == "amd":
                 _gpu.add_amd_attrs(ctx, d, fn)
             for v in range(vf_counts.get(d.address, 0)):
@@ -278,10 +277,11 @@ def _generic(ctx: Ctx, devs: list[DeviceSpec], pci: dict[str, str]) -> None:
 def _dev_nodes(d: DeviceSpec) -> tuple[str, ...]:
     """The dev/ paths that belong to this device alone (shared ones like nvidiactl excluded)."""
     if d.gpu is not None:
-        if d.vendor == "nvidia":
-            return (f"dev/nvidia{d.gpu.minor}",)
-        card, render = _gpu.drm_minors(d.gpu.minor)
-        return (f"dev/dri/card{card}", f"dev/dri/renderD{render}")
+        own = (f"dev/nvidia{d.gpu.minor}",) if d.vendor == "nvidia" else ()
+        if d.gpu.drm_index < 0:
+            return own
+        card, render = _gpu.drm_minors(d.gpu.drm_index)
+        return (*own, f"dev/dri/card{card}", f"dev/dri/renderD{render}")
     if d.nic is not None:
         out: list[str] = []
         for ibdev in d.nic.rdma_devs:

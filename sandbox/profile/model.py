@@ -225,6 +225,8 @@ class Gpu(DeviceBase):
     memory: Quantity | None = None
     partitions: Partitions | None = None
     sriov: Sriov | None = Field(None, description="SR-IOV VFs (Intel Flex/Max GPUs)")
+    drm: bool = Field(False, description="NVIDIA: nvidia-drm's DRM nodes (cardN, renderD*); "
+                      "off as on most datacenter nodes. AMD and Intel GPUs always have them")
 
 
 class Nic(DeviceBase):

@@ -117,6 +117,9 @@ class GpuSpec:
     num_vfs: int = 0
     vf_addresses: tuple[str, ...] = ()
     vf_iommu_groups: tuple[int, ...] = ()
+    # Its index among the node's DRM devices (drm_minors: cardN, renderD*) in probe order:
+    # AMD and Intel GPUs (= minor), and NVIDIA GPUs with nvidia-drm (profile ``drm``); -1: none
+    drm_index: int = -1
 
 
 @dataclass(frozen=True)
@@ -279,7 +282,7 @@ class Cluster:
 # describes the shape; FORMAT_VERSION changes whenever a field does.
 
 FORMAT = "hwsandbox.dev/resolved-spec"
-FORMAT_VERSION = 2  # 2: DeviceSpec.nvme
+FORMAT_VERSION = 2  # 2: DeviceSpec.nvme, GpuSpec.drm_index
 _KINDS: dict[str, type[NodeSpec] | type[Cluster]] = {"NodeSpec": NodeSpec, "Cluster": Cluster}
 
 

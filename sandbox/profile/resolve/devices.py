@@ -171,6 +171,7 @@ class DeviceModel:
                 total_vfs=self.total_vfs, num_vfs=dev.sriov.num_vfs if dev.sriov else 0,
                 vf_addresses=vf_addresses[0] if vf_addresses else (),
                 vf_iommu_groups=vf_groups[0] if vf_groups else (),
+                drm_index=0 if dev.drm or dev.vendor != "nvidia" else -1,
             )
         elif isinstance(dev, model.Nic):
             assert self.nic is not None
@@ -285,10 +286,13 @@ def number_minors(drafts: list[Draft]) -> None:
         if d.gpu is None:
             continue
         if d.vendor == "nvidia":
-            d.gpu = replace(d.gpu, minor=nvidia, render_minor=0)
+            has_drm = d.gpu.drm_index >= 0  # nvidia-drm: DRM minors in the same sequence
+            d.gpu = replace(d.gpu, minor=nvidia, render_minor=128 + drm if has_drm else 0,
+                            drm_index=drm if has_drm else -1)
             nvidia += 1
+            drm += has_drm
         else:
-            d.gpu = replace(d.gpu, minor=drm, render_minor=128 + drm)
+            d.gpu = replace(d.gpu, minor=drm, render_minor=128 + drm, drm_index=drm)
             drm += 1
     controller = block_minor = 0
     for d in by_addr:  # nvmeN in probe order; block minors 259:k over every namespace
