@@ -36,6 +36,7 @@ import datetime
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,28 @@ class _Root:
         self.path = Path(root)
 
     def read(self, rel: str) -> str | None:
+        """A regular file's text (sysfs and proc files are); a FIFO or device is never
+        opened for blocking reads."""
         try:
-            with open(self.path / rel, "rb") as f:
-                data = f.read(_READ_LIMIT)
+            fd = os.open(self.path / rel, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except (OSError, ValueError):
             return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            chunks: list[bytes] = []
+            size = 0
+            while size < _READ_LIMIT:  # proc files come in pieces
+                chunk = os.read(fd, _READ_LIMIT - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
         return data.decode("utf-8", "replace")
 
     def line(self, rel: str) -> str | None:
