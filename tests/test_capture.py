@@ -453,3 +453,26 @@ def test_a_numbering_the_tree_does_not_give_is_said(tmp_path: Path) -> None:
     assert cpu["mhz"] == 3000
     assert any(n.startswith("CPU numbering: cpu1 is package 0 core 0") for n in result.left_out)
     assert "# Left out or changed" in result.text
+
+
+def test_nvidia_drm_nodes_capture_back(tmp_path: Path) -> None:
+    """NVIDIA GPUs with nvidia-drm's DRM nodes (``drm: true``) next to an AMD GPU (which
+    always has them)."""
+    text = """
+apiVersion: hwsandbox.dev/v1alpha1
+kind: HardwareProfile
+metadata: {name: drm}
+nodes:
+  - name: box
+    devices:
+      - {type: gpu, vendor: nvidia, model: a100-sxm4-80gb, count: 2, drm: true}
+      - {type: gpu, vendor: amd, model: mi210}
+"""
+    first, second = tmp_path / "first", tmp_path / "second"
+    render(build_tree(load_profile_text(text).cluster.nodes[0]), first)
+    result = capture(first, name="drm", node_name="box")
+    devices = result.profile["nodes"][0]["devices"]
+    assert [d.get("drm") for d in devices] == [True, None]
+    _render_captured(result, second)
+    diffs = tree_differences(first, second)
+    assert diffs == [], f"{len(diffs)} difference(s):\n" + "\n".join(diffs)
