@@ -4,10 +4,11 @@
    1,024 a profile may have: the limit is lifted here only to measure the scaling). The
    ratio largest/smallest should stay near 1 (it was 3.7x when CPU masks were copied
    per CPU, i.e. memory quadratic in CPUs).
-2. The largest node the schema accepts (1,024 CPUs, 64 NUMA nodes, 1,024 devices, 3,584
-   PCI functions): ``sandbox render`` into tmpfs (/dev/shm: the host's disk is not what
-   is measured) in a subprocess, wall time and peak RSS, against the targets (10 s,
-   1 GiB) and against rendering the demo node (the baseline measured in the same run).
+2. The largest node the schema accepts (1,024 CPUs, 64 NUMA nodes, 1,024 devices, 4,096
+   PCI functions: each at ``limits``' maximum, checked, and one VF more is refused):
+   ``sandbox render`` into tmpfs (/dev/shm: the host's disk is not what is measured) in
+   a subprocess, wall time and peak RSS, against the targets (10 s, 1 GiB) and against
+   rendering the demo node (the baseline measured in the same run).
 
     python benchmarks/bench_limits.py [--quick]
 """
@@ -25,8 +26,9 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from sandbox.errors import ProfileError
 from sandbox.fakehw.build import build_tree
-from sandbox.profile import load_profile_text
+from sandbox.profile import NodeSpec, load_profile_text
 from sandbox.profile.resolve import limits
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,12 +46,22 @@ def cpu_profile(ncpus: int) -> str:
     )
 
 
-def largest_profile() -> str:
-    """The largest node the limits allow: 1,024 CPUs over 64 NUMA nodes, 1,024 devices,
-    3,584 PCI functions (NICs with SR-IOV VFs and RDMA, GPUs)."""
-    per_numa = limits.MAX_CPUS // 64
+NUMA = 64  # NUMA nodes of the largest node: the model's maximum (model.MAX_NUMA_NODES)
+
+
+def largest_profile(extra_vfs: int = 0) -> str:
+    """The largest node the limits allow: ``limits.MAX_CPUS`` CPUs over 64 NUMA nodes,
+    ``limits.MAX_DEVICES`` devices (half H100s, half dual-port ConnectX-6) and exactly
+    ``limits.MAX_FUNCTIONS`` PCI functions (every NIC port's SR-IOV VFs enabled, the VF
+    budget spread over the ports). ``extra_vfs`` more VFs on each port of one NIC take it
+    past the functions limit."""
+    per_numa = limits.MAX_CPUS // NUMA
     half = per_numa // 2
     threads = limits.MAX_CPUS // 2
+    gpus = nics = limits.MAX_DEVICES // NUMA // 2  # per NUMA node
+    vfs = limits.MAX_FUNCTIONS // NUMA - gpus - 2 * nics  # per NUMA node, over 2 * nics PFs
+    base, rest = divmod(vfs, 2 * nics)
+    assert rest % 2 == 0, "the VF budget must split over whole dual-port cards"
     lines = [
         "apiVersion: hwsandbox.dev/v1alpha1", "kind: HardwareProfile",
         "metadata: {name: largest}", "nodes:", "  - name: big",
@@ -58,16 +70,54 @@ def largest_profile() -> str:
         "    numa:", "      nodes:",
     ]
     lines += [f"        - {{id: {k}, cpus: '{k * half}-{(k + 1) * half - 1},"
-              f"{threads + k * half}-{threads + (k + 1) * half - 1}'}}" for k in range(64)]
+              f"{threads + k * half}-{threads + (k + 1) * half - 1}'}}" for k in range(NUMA)]
     lines += ["    pci:", "      hostBridges:"]
-    lines += [f"        - {{domain: {d}, bus: 0, numaNode: {d}}}" for d in range(64)]
+    lines += [f"        - {{domain: {d}, bus: 0, numaNode: {d}}}" for d in range(NUMA)]
     lines.append("    devices:")
-    for k in range(64):
-        lines.append(f"      - {{type: nic, vendor: mellanox, model: connectx-6, count: 8, "
-                     f"ports: 2, numaNode: {k}, sriov: {{totalVFs: 2, numVFs: 2}}}}")
-        lines.append(f"      - {{type: gpu, vendor: nvidia, model: h100-sxm5-80gb, count: 8, "
-                     f"numaNode: {k}}}")
+    for k in range(NUMA):
+        for group, (count, per_port) in enumerate(((rest // 2, base + 1),
+                                                   (nics - rest // 2, base))):
+            if k == group == 0 and extra_vfs:
+                lines.append(f"      - {{type: nic, vendor: mellanox, model: connectx-6, "
+                             f"ports: 2, numaNode: 0, sriov: {{totalVFs: {per_port + extra_vfs}, "
+                             f"numVFs: {per_port + extra_vfs}}}}}")
+                count -= 1
+            if count:
+                lines.append(f"      - {{type: nic, vendor: mellanox, model: connectx-6, "
+                             f"count: {count}, ports: 2, numaNode: {k}, "
+                             f"sriov: {{totalVFs: {per_port}, numVFs: {per_port}}}}}")
+        lines.append(f"      - {{type: gpu, vendor: nvidia, model: h100-sxm5-80gb, "
+                     f"count: {gpus}, numaNode: {k}}}")
     return "\n".join(lines) + "\n"
+
+
+def functions(node: NodeSpec) -> int:
+    """PCI functions of a resolved node, counted as the resolver's limit counts them."""
+    total = 0
+    for d in node.devices:
+        total += len(d.functions)
+        if d.gpu is not None:
+            total += len(d.gpu.vf_addresses)
+        if d.nic is not None:
+            total += sum(len(v) for v in d.nic.vf_addresses)
+    return total
+
+
+def check_largest() -> str:
+    """The largest profile is at every limit, and one VF more per port is refused."""
+    node = load_profile_text(largest_profile()).cluster.nodes[0]
+    got = (len(node.cpus), len(node.devices), functions(node))
+    want = (limits.MAX_CPUS, limits.MAX_DEVICES, limits.MAX_FUNCTIONS)
+    assert got == want, f"largest profile has (CPUs, devices, functions) {got}, not {want}"
+    try:
+        load_profile_text(largest_profile(extra_vfs=1))
+        refused = "accepted"
+    except ProfileError as exc:
+        refused = str(exc)
+    if "PCI functions on one node" not in refused:
+        raise AssertionError(f"one VF past the largest profile: {refused}")
+    return (f"{got[0]:,} CPUs, {NUMA} NUMA nodes, {got[1]:,} devices, {got[2]:,} PCI "
+            "functions (one VF more on a NIC's ports is refused)")
 
 
 def memory_per_entry(ncpus: int) -> tuple[int, float]:
@@ -112,6 +162,7 @@ def main() -> int:
     ratio = per_entry[-1] / per_entry[0]
     print(f"bytes/entry {counts[-1]} vs {counts[0]} CPUs: {ratio:.2f}x (linear: ~1)")
     limits.MAX_CPUS = limit
+    print(f"largest accepted node: {check_largest()}")
     demo = (REPO / "profiles" / "8gpu-2numa.yaml").read_text()
     with tempfile.TemporaryDirectory(prefix="bench-limits-", dir="/dev/shm") as tmp:
         base_s, _ = render_in_subprocess(demo, "gpu-worker", Path(tmp))
