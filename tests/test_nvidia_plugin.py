@@ -24,7 +24,6 @@ from sandbox.kubelet import DeviceManager, Snapshot
 from tests.nvidia import nvidia_binary, nvml_env
 from tests.thirdparty import (
     KUBELET_PLUGIN_DIR,
-    PROFILES,
     Bind,
     LiveNode,
     Tmpfs,
@@ -216,17 +215,11 @@ def test_nvidia_plugin_on_l40s_and_a_t4_that_starts_broken(workshop_node: Plugin
 
 
 @pytest.fixture
-def single_mig_node(tmp_path: Path) -> Iterator[PluginNode]:
-    """mig-partitions with one partition profile, 3g.40gb: every A100 holds 2 x 3g.40gb,
-    all MIG devices alike, which the plugin's `single` strategy requires."""
-    text = (PROFILES / "mig-partitions.yaml").read_text()
-    text = re.sub(r"          profiles:\n(            - .*\n)+",
-                  "          profiles:\n            - {name: 3g.40gb, memorySlices: 4, "
-                  "computeSlices: 3}\n", text)  # fmt: skip
-    assert "1g.10gb" not in text, text
-    profile = tmp_path / "mig-single.yaml"
-    profile.write_text(text)
-    yield from _run_plugin(str(profile), "mig-worker", "--mig-strategy", "single")
+def single_mig_node() -> Iterator[PluginNode]:
+    """profiles/mig-single.yaml: mig-partitions with one partition profile, 3g.40gb, so
+    every A100 holds 2 x 3g.40gb, all MIG devices alike, which the plugin's `single`
+    strategy requires."""
+    yield from _run_plugin("mig-single.yaml", "mig-worker", "--mig-strategy", "single")
 
 
 def test_nvidia_plugin_single_mig_strategy(single_mig_node: PluginNode) -> None:
@@ -235,3 +228,4 @@ def test_nvidia_plugin_single_mig_strategy(single_mig_node: PluginNode) -> None:
     uuids = set(re.findall(r"^mig .* uuid=(\S+)$", state, re.MULTILINE))
     assert {d.id for d in snap.resources[GPU].devices} == uuids
     assert len(uuids) == 8
+    assert set(re.findall(r"^mig .* name=(\S+) ", state, re.MULTILINE)) == {"3g.40gb"}
