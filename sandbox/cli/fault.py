@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             progress = _Progress(count_changes(scenario.steps), args.progress, args.speed)
             result = run_scenario(scenario, client, speed=args.speed,
                                   on_action=progress.applied, on_wait=progress.waiting,
-                                  wait_slice=min(1.0, args.progress or 1.0))
+                                  wait_slice=min(1.0, args.progress) if args.progress > 0 else 1.0)
             for check in result.checks:
                 print(check)
             print(f"{len(result.applied)} change(s) applied, "

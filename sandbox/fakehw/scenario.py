@@ -574,7 +574,7 @@ def run_scenario(
             if on_wait is None:
                 sleep(delay)
                 break
-            sleep(min(delay, wait_slice))
+            sleep(min(delay, wait_slice) if wait_slice > 0 else delay)
             on_wait(action)
             delay = t0 + action.at / speed - clock()
         if action.change is not None:
