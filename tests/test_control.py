@@ -278,7 +278,8 @@ def test_scenario_validation_reports_every_problem(tmp_path: Path) -> None:
         "s.yaml: steps[0].at: expected a number of seconds, 0 to 604800",
         "s.yaml: steps[1].do: unknown action 'explode' "
         "(expected health, unplug, plug, set-vfs, storm)",
-        "s.yaml: steps[2].reason: expected one of aer-fatal, link-down, port-down, removed",
+        "s.yaml: steps[2].reason: expected one of aer-fatal, link-down, port-down, removed, "
+        "row-remap-pending, row-remap-failure, ecc-contained, ecc-uncontained",
         "s.yaml: steps[3].every: required (> 0) when repeat > 1",
         "s.yaml: steps[4].changes: expected an integer 1..100000",
         "s.yaml: steps[4].ops: expected a non-empty list of health, unplug, plug, set-vfs",

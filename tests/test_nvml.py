@@ -173,6 +173,22 @@ def test_faults_reach_nvml_as_xid_events_and_lost_gpus(
             time.sleep(0.3)
             client.health("gpu3", "unhealthy", "aer-fatal")
         assert [wait_event().eventData for _ in range(2)] == [79, 48]
+
+        # a GPU's ECC reasons, each its own Xid (tree.SIGNS); sysfs readers see them as
+        # aer-fatal (an uncorrectable internal error in aer_dev_fatal)
+        aer = live.root / "sys/bus/pci/devices" / devices["gpu3"]["pci_address"] / "aer_dev_fatal"
+        for reason, xid in (("row-remap-pending", 63), ("row-remap-failure", 64),
+                            ("ecc-contained", 94), ("ecc-uncontained", 95)):  # fmt: skip
+            with live.client() as client:
+                client.health("gpu3", "healthy")
+                assert "TOTAL_ERR_FATAL 0" in aer.read_text()
+                client.health("gpu3", "unhealthy", reason)
+            ev = wait_event()
+            assert (ev.device, ev.eventType, ev.eventData) == (h3.value, N.EVENT_XID, xid)
+            assert nvml.memory(h3)[0] == N.SUCCESS  # an Xid, not a lost GPU
+            assert aer.read_text().splitlines()[-1] == "TOTAL_ERR_FATAL 1"
+            assert "UncorrIntErr 1" in aer.read_text().splitlines()
+        assert nvml.nvmlEventSetWait_v2(evset, ctypes.byref(ev), 300) == N.TIMEOUT
         nvml.check(nvml.nvmlEventSetFree(evset))
 
 

@@ -39,7 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     h.add_argument("health", choices=("healthy", "unhealthy"))
     h.add_argument("--reason", choices=REASONS,
                    help="how it shows: aer-fatal (PCI AER counters), link-down (net operstate), "
-                   "port-down (IB port state), removed (falls off the bus); default aer-fatal")
+                   "port-down (IB port state), removed (falls off the bus); a GPU's ECC errors "
+                   "row-remap-pending, row-remap-failure, ecc-contained, ecc-uncontained (NVML "
+                   "Xid 63, 64, 94, 95; AER counters as aer-fatal); default aer-fatal")
     for name, text in (("unplug", "hot-unplug a device"), ("plug", "plug a device back")):
         q = verbs.add_parser(name, help=text)
         q.add_argument("node")

@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sandbox.fakehw.tree import DeviceState, Health, Reason
+from sandbox.fakehw.tree import SIGNS, DeviceState, Health
 from sandbox.profile import catalogue
 from sandbox.profile.spec import DeviceSpec, PartitionProfileSpec, PartitionSpec
 
@@ -23,15 +23,9 @@ FORMAT = 1
 CUDA_DRIVER_VERSION = 12040  # CUDA 12.4, what driver 550 reports (major*1000 + minor*10)
 MiB = 1024**2
 
-# Xid reported for each unhealthy reason (docs/nvml.md). 48: double-bit ECC error (an
-# uncorrectable error, as aer-fatal is on the PCI side); 79: GPU has fallen off the bus
-# (a link that went down, or the device removed); 74: NVLink error (port-down).
-XID_OF_REASON = {
-    Reason.AER_FATAL: 48,
-    Reason.LINK_DOWN: 79,
-    Reason.PORT_DOWN: 74,
-    Reason.REMOVED: 79,
-}
+# The Xid of each unhealthy reason is in tree.SIGNS, the one table every reader's view of a
+# reason comes from (docs/nvml.md); a lost GPU (unplugged, removed) is Xid 79, "GPU has
+# fallen off the bus".
 XID_LOST = 79
 
 # NVML enum values (published): nvmlDeviceArchitecture_t and nvmlBrandType_t.
@@ -71,7 +65,7 @@ def xid_of(state: DeviceState, present: bool) -> int:
     if not present or not state.plugged:
         return XID_LOST
     if state.health is Health.UNHEALTHY:
-        return XID_OF_REASON.get(state.reason, 79) if state.reason is not None else 79
+        return SIGNS[state.reason].xid if state.reason is not None else XID_LOST
     return 0
 
 

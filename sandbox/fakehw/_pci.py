@@ -16,8 +16,8 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from sandbox.fakehw._common import RW, WO, Ctx, fault, make_file, present
-from sandbox.fakehw.tree import DeviceState, File, Reason
+from sandbox.fakehw._common import RW, WO, Ctx, make_file, present
+from sandbox.fakehw.tree import SIGNS, DeviceState, File, Health
 from sandbox.profile.spec import DeviceSpec, NodeSpec, PciFunction
 
 DEVICES = "sys/bus/pci/devices"
@@ -79,10 +79,11 @@ def _aer(names: tuple[str, ...], total: str, counts: dict[str, int]) -> str:
 AER_COR_CLEAN = _aer(AER_CORRECTABLE, "ERR_COR", {})
 AER_NONFATAL_CLEAN = _aer(AER_UNCORRECTABLE, "ERR_NONFATAL", {})
 AER_FATAL_CLEAN = _aer(AER_UNCORRECTABLE, "ERR_FATAL", {})
-# A fatal error (aer-fatal): an uncorrectable internal error; a surprise link down
-# (link-down on a non-network device) is reported as SDES, "Surprise Down Error".
-AER_FATAL_INTERNAL = _aer(AER_UNCORRECTABLE, "ERR_FATAL", {"UncorrIntErr": 1})
-AER_FATAL_SURPRISE_DOWN = _aer(AER_UNCORRECTABLE, "ERR_FATAL", {"SDES": 1})
+# aer_dev_fatal under each reason's error (tree.SIGNS): aer-fatal and a GPU's ECC reasons
+# count an uncorrectable internal error; a surprise link down (link-down on a non-network
+# device) is reported as SDES, "Surprise Down Error".
+AER_FATAL_OF = {name: _aer(AER_UNCORRECTABLE, "ERR_FATAL", {name: 1})
+                for name in sorted({s.aer_fatal for s in SIGNS.values() if s.aer_fatal})}
 
 
 def module_of(driver: str) -> str:
@@ -211,12 +212,15 @@ def _identity(f: PciFunction) -> tuple[str, str]:
 
 
 def _link(ctx: Ctx, f: PciFunction, state: DeviceState | None) -> tuple[str, str, str]:
-    """aer_dev_fatal, current link speed and width under the owner's faults."""
-    if state is not None:
-        if fault(state, Reason.AER_FATAL):
-            return AER_FATAL_INTERNAL, f.link_speed, str(f.link_width)
-        if fault(state, Reason.LINK_DOWN) and ctx.kinds.get(f.owner or "") != "nic":
-            return AER_FATAL_SURPRISE_DOWN, "Unknown", "0"
+    """aer_dev_fatal, current link speed and width under the owner's faults (tree.SIGNS)."""
+    if state is not None and state.health is Health.UNHEALTHY and state.reason is not None:
+        signs = SIGNS[state.reason]
+        # a NIC's link-down is its network link (operstate, _net), not its PCIe link
+        if not (signs.pci_link_down and ctx.kinds.get(f.owner or "") == "nic"):
+            aer = AER_FATAL_OF[signs.aer_fatal] if signs.aer_fatal else AER_FATAL_CLEAN
+            if signs.pci_link_down:
+                return aer, "Unknown", "0"
+            return aer, f.link_speed, str(f.link_width)
     return AER_FATAL_CLEAN, f.link_speed, str(f.link_width)
 
 

@@ -7,7 +7,7 @@ subsystem lives in its own helper module (``_cpu``, ``_pci``, ``_gpu``, ``_net``
 ``_fpga``); this module orders them and adds what is shared (basic ``/dev`` nodes, vfio,
 generic devices, device records). ``docs/sysfs-reference.md`` lists every attribute.
 
-Health uses real kernel interfaces only (see ``Reason``):
+Health uses real kernel interfaces only (see ``Reason`` and ``SIGNS``):
 
 - aer-fatal: ``aer_dev_fatal`` counts an uncorrectable internal error (TOTAL_ERR_FATAL 1).
 - link-down: a NIC's interfaces go ``operstate`` down, ``carrier`` 0, ``speed`` -1 (and its
@@ -15,6 +15,8 @@ Health uses real kernel interfaces only (see ``Reason``):
   error and ``current_link_speed`` "Unknown", ``current_link_width`` 0.
 - port-down: the NIC's RDMA ports go ``1: DOWN`` / ``3: Disabled`` (a NIC without RDMA
   takes its interfaces down instead).
+- row-remap-pending, row-remap-failure, ecc-contained, ecc-uncontained (a GPU's ECC
+  errors): ``aer_dev_fatal`` as for aer-fatal; NVML's state file carries their own Xid.
 - removed, or ``plugged=False``: the device, its VFs, class/driver/module links, IOMMU
   group entries, ``/dev`` nodes and ``sys/dev/char`` links are all absent.
 """

@@ -50,12 +50,42 @@ class Health(enum.Enum):
 
 
 class Reason(enum.Enum):
-    """Why a device is unhealthy; each maps onto a real kernel interface."""
+    """Why a device is unhealthy; each maps onto a real kernel interface (``SIGNS``)."""
 
     AER_FATAL = "aer-fatal"  # PCI aer_dev_fatal counters rise
     LINK_DOWN = "link-down"  # net operstate down, carrier 0
     PORT_DOWN = "port-down"  # InfiniBand port state DOWN
     REMOVED = "removed"  # device falls off the bus (same as unplug)
+    # A GPU's uncorrectable memory (ECC) errors: NVML reports each as its own Xid; the PCI
+    # side shows them as aer-fatal does.
+    ROW_REMAP_PENDING = "row-remap-pending"  # a row remap recorded, reset needed (Xid 63)
+    ROW_REMAP_FAILURE = "row-remap-failure"  # no spare row left to remap (Xid 64)
+    ECC_CONTAINED = "ecc-contained"  # an ECC error contained to its application (Xid 94)
+    ECC_UNCONTAINED = "ecc-uncontained"  # an ECC error that could not be contained (Xid 95)
+
+
+@dataclass(frozen=True)
+class Signs:
+    """What the readers of a node's tree see of one unhealthy reason."""
+
+    aer_fatal: str | None  # the uncorrectable error aer_dev_fatal counts (None: none)
+    pci_link_down: bool  # current_link_speed "Unknown", current_link_width 0
+    xid: int  # the critical Xid NVML delivers for an NVIDIA GPU (docs/nvml.md)
+
+
+# The one table of what each reason shows, for every reader (docs/sysfs-reference.md,
+# docs/nvml.md). A NIC's link-down is its network link instead (operstate, carrier: _net)
+# and port-down its InfiniBand ports; a removed device is gone from the tree.
+SIGNS = {
+    Reason.AER_FATAL: Signs("UncorrIntErr", False, 48),  # 48: double-bit ECC error
+    Reason.LINK_DOWN: Signs("SDES", True, 79),  # 79: GPU has fallen off the bus
+    Reason.PORT_DOWN: Signs(None, False, 74),  # 74: NVLink error
+    Reason.REMOVED: Signs(None, False, 79),
+    Reason.ROW_REMAP_PENDING: Signs("UncorrIntErr", False, 63),
+    Reason.ROW_REMAP_FAILURE: Signs("UncorrIntErr", False, 64),
+    Reason.ECC_CONTAINED: Signs("UncorrIntErr", False, 94),
+    Reason.ECC_UNCONTAINED: Signs("UncorrIntErr", False, 95),
+}
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,8 @@ PciAddress = Annotated[
     str, Field(pattern=r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-1][0-9a-fA-F]\.[0-7]$")
 ]
 Health = Literal["healthy", "unhealthy"]
-HealthReason = Literal["aer-fatal", "link-down", "port-down", "removed"]
+HealthReason = Literal["aer-fatal", "link-down", "port-down", "removed", "row-remap-pending",
+                       "row-remap-failure", "ecc-contained", "ecc-uncontained"]  # fakehw Reason
 
 
 def _limits_text(text: str) -> Callable[..., None]:
