@@ -141,3 +141,66 @@ def test_our_plugins_do_not_mistake_nvidia_drm_for_a_drm_gpu(tmp_path: Path) -> 
     vendors = {c.name: (c / "device/vendor").read_text()
                for c in (root / "sys/class/drm").glob("card*")}
     assert vendors == {"card0": "0x10de\n", "card1": "0x10de\n", "card2": "0x1002\n"}
+
+
+MIXED = """
+apiVersion: hwsandbox.dev/v1alpha1
+kind: HardwareProfile
+metadata: {name: drm-intel}
+nodes:
+  - name: n
+    devices:
+      - {type: gpu, vendor: nvidia, model: l40s, drm: true}
+      - {type: gpu, vendor: intel, model: flex-170}
+"""
+
+
+def test_intel_gpu_plugin_offers_the_intel_card_only(tmp_path: Path) -> None:
+    """Intel's GPU plugin (v0.36.0, unmodified) scans /sys/class/drm: of card0 (an NVIDIA
+    L40S with nvidia-drm) and card1 (an Intel Flex 170) it offers card1 alone."""
+    import subprocess
+
+    from sandbox.kubelet import DeviceManager
+    from tests.thirdparty import (
+        KUBELET_PLUGIN_DIR,
+        Bind,
+        Tmpfs,
+        in_private_mounts,
+        live_node,
+        plugin_binary,
+        require_private_mounts,
+        short_dir,
+    )
+
+    binary = plugin_binary("intel-gpu-plugin")
+    require_private_mounts()
+    profile = tmp_path / "drm-intel.yaml"
+    profile.write_text(MIXED)
+    resource = "gpu.intel.com/i915"
+    with live_node(str(profile), "n") as live, short_dir("kd-") as base, \
+            DeviceManager(base / "dp") as dm:
+        assert (live.root / "sys/class/drm/card0/device/vendor").read_text() == "0x10de\n"
+        assert (live.root / "sys/class/drm/card1/device/vendor").read_text() == "0x8086\n"
+        cmd = in_private_mounts(
+            [str(binary), "-v", "2"],
+            [Tmpfs("/var/lib"), Bind(str(dm.directory), KUBELET_PLUGIN_DIR), Tmpfs("/run"),
+             Bind(str(live.root / "sys"), "/sys"), Bind(str(live.root / "dev"), "/dev")],
+        )
+        log = base / "plugin.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            try:
+                snap = dm.wait_for(lambda s: s.capacity(resource) >= 1, 30, f"{resource}")
+            except Exception:
+                print(log.read_text(errors="replace")[-4000:])
+                raise
+            assert {d.id for d in snap.resources[resource].devices} == {"card1-0"}
+            assert not [r for r in snap.resources if "nvidia" in r]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
