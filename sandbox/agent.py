@@ -2,9 +2,10 @@
 
 Every runtime runs this once per node replica: the local and native runtimes as a host
 process, kind as a privileged DaemonSet pod inside the node container. Optionally it also
-creates the node's device nodes in a directory of real character devices (what a
-container runtime stats when a plugin's Allocate names them), mapped onto a harmless
-major:minor (1:3, /dev/null) unless asked otherwise; they are removed again on exit.
+creates the node's device nodes in a directory of real device nodes (what a container
+runtime stats when a plugin's Allocate names them), every one mapped onto a harmless
+character major:minor (1:3, /dev/null) unless asked otherwise (then block nodes are block
+devices with their own numbers); they are removed again on exit.
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.control import ControlPaths
 from sandbox.fakehw.fs import DEFAULT_DEV_MAP, serve
 from sandbox.fakehw.mountroot import check_mount_root
-from sandbox.fakehw.tree import CharDevice, DeviceState, Health, Reason, Tree, check_component
+from sandbox.fakehw.tree import (
+    BlockDevice,
+    DeviceNode,
+    DeviceState,
+    Health,
+    Reason,
+    Tree,
+    check_component,
+)
 from sandbox.profile import NodeSpec, load_profile
 from sandbox.profile.spec import read_node
 from sandbox.supervisor import Proc
@@ -58,10 +67,20 @@ def resolve_node(profile_path: str, node: str, index: int | None = None) -> Node
     return spec
 
 
-def char_devices(tree: Tree) -> Iterator[tuple[str, CharDevice]]:
+def device_nodes(tree: Tree) -> Iterator[tuple[str, DeviceNode]]:
+    """Every character and block node below ``dev/`` (paths relative to it)."""
     for path, entry in tree.walk():
-        if path.startswith("dev/") and isinstance(entry, CharDevice):
+        if path.startswith("dev/") and isinstance(entry, DeviceNode):
             yield path[len("dev/"):], entry
+
+
+def node_type(dev: DeviceNode, dev_map: tuple[int, int] | None) -> tuple[int, int]:
+    """(file type, rdev) of the node we create for ``dev``: the stand-in CHARACTER device
+    when there is a map (a block 1:3 would be /dev/ram3), else its own type and number."""
+    if dev_map is not None:
+        return stat.S_IFCHR, os.makedev(*dev_map)
+    ftype = stat.S_IFBLK if isinstance(dev, BlockDevice) else stat.S_IFCHR
+    return ftype, os.makedev(dev.major, dev.minor)
 
 
 def _check_dev_dir(dev_dir: Path) -> None:
@@ -100,7 +119,7 @@ def _open_dir(top: int, parts: list[str], create: bool) -> int:
 
 def create_device_nodes(tree: Tree, dev_dir: Path,
                         dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP) -> list[str]:
-    """mknod the tree's char devices under ``dev_dir``; returns the ones it created
+    """mknod the tree's device nodes under ``dev_dir``; returns the ones it created
     (relative paths), which is all ``remove_device_nodes`` will ever remove."""
     _check_dev_dir(dev_dir)
     made: list[str] = []
@@ -123,9 +142,9 @@ def create_device_nodes(tree: Tree, dev_dir: Path,
 
 def _make_nodes(tree: Tree, top: int, dev_dir: Path, dev_map: tuple[int, int] | None,
                 made: list[str]) -> None:
-    for rel, dev in char_devices(tree):
+    for rel, dev in device_nodes(tree):
         *parents, name = rel.split("/")
-        major, minor = dev_map if dev_map is not None else (dev.major, dev.minor)
+        ftype, rdev = node_type(dev, dev_map)
         try:
             parent = _open_dir(top, parents, create=True)
         except (OSError, ValueError) as exc:
@@ -133,11 +152,10 @@ def _make_nodes(tree: Tree, top: int, dev_dir: Path, dev_map: tuple[int, int] | 
         try:
             check_component(name)
             try:
-                os.mknod(name, stat.S_IFCHR | (dev.mode & 0o777), os.makedev(major, minor),
-                         dir_fd=parent)
+                os.mknod(name, ftype | (dev.mode & 0o777), rdev, dir_fd=parent)
             except FileExistsError:
                 st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(major, minor):
+                if stat.S_IFMT(st.st_mode) == ftype and st.st_rdev == rdev:
                     continue  # left by an earlier run of ours: same node, keep it
                 raise SandboxError(
                     f"{dev_dir}/{rel}: exists and is not the device we would create"
@@ -150,8 +168,9 @@ def _make_nodes(tree: Tree, top: int, dev_dir: Path, dev_map: tuple[int, int] | 
 
 def remove_device_nodes(made: Sequence[str], dev_dir: Path,
                         dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP) -> None:
-    """Unlink what ``create_device_nodes`` made, if it is still a character device (with the
-    mapped major:minor when there is a map); never follows a symlink out of ``dev_dir``."""
+    """Unlink what ``create_device_nodes`` made, if it is still a device node: with a map,
+    a character device of the mapped major:minor; without, a character or block device.
+    Never follows a symlink out of ``dev_dir``."""
     try:
         top = os.open(dev_dir, _DIR_FLAGS)
     except OSError:
@@ -165,8 +184,9 @@ def remove_device_nodes(made: Sequence[str], dev_dir: Path,
                 continue
             try:
                 st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                if stat.S_ISCHR(st.st_mode) and (
-                        dev_map is None or st.st_rdev == os.makedev(*dev_map)):
+                if (stat.S_ISCHR(st.st_mode) and (
+                        dev_map is None or st.st_rdev == os.makedev(*dev_map))) or (
+                        dev_map is None and stat.S_ISBLK(st.st_mode)):
                     os.unlink(name, dir_fd=parent)
             except (OSError, ValueError):
                 pass

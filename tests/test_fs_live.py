@@ -27,6 +27,7 @@ from sandbox.fakehw.mountroot import check_mount_root, mounted_fstype, recover_m
 from sandbox.fakehw.scenario import storm
 from sandbox.fakehw.states import load_states, save_states
 from sandbox.fakehw.tree import (
+    BlockDevice,
     CharDevice,
     DeviceState,
     Dir,
@@ -71,6 +72,8 @@ def snapshot_mount(root: Path) -> dict[str, tuple[str, object]]:
                 out[path] = ("link", os.readlink(full))
             elif stat.S_ISCHR(st.st_mode):
                 out[path] = ("chr", (os.major(st.st_rdev), os.minor(st.st_rdev)))
+            elif stat.S_ISBLK(st.st_mode):
+                out[path] = ("blk", (os.major(st.st_rdev), os.minor(st.st_rdev)))
             else:
                 data = full.read_bytes()
                 assert st.st_size == len(data), path
@@ -87,6 +90,8 @@ def snapshot_tree(tree: Tree) -> dict[str, tuple[str, object]]:
             out[path] = ("link", e.target)
         elif isinstance(e, CharDevice):
             out[path] = ("chr", (e.major, e.minor))
+        elif isinstance(e, BlockDevice):
+            out[path] = ("blk", (e.major, e.minor))
         else:
             assert isinstance(e, File)
             out[path] = ("file", (e.mode, e.data))
@@ -356,8 +361,9 @@ def _readers_storm(server: Server, changes: int, seed: int) -> dict[str, int]:
                             continue
                         if stat.S_ISLNK(st.st_mode):
                             value: object = ("link", os.readlink(full))
-                        elif stat.S_ISCHR(st.st_mode):
-                            value = ("chr", (os.major(st.st_rdev), os.minor(st.st_rdev)))
+                        elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                            kind = "chr" if stat.S_ISCHR(st.st_mode) else "blk"
+                            value = (kind, (os.major(st.st_rdev), os.minor(st.st_rdev)))
                         else:
                             data, tail = _read_twice(full)
                             value = ("file", (stat.S_IMODE(st.st_mode), data))

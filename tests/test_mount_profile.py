@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -23,7 +25,7 @@ from sandbox.errors import ControlError
 from sandbox.fakehw.control import ControlClient
 from sandbox.profile.spec import FORMAT_VERSION
 from tests.fakehw_toy import require_fuse
-from tests.readers import lstopo
+from tests.readers import lstopo, run
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = ROOT / "profiles" / "8gpu-2numa.yaml"
@@ -80,6 +82,8 @@ def _snapshot(root: Path) -> dict[str, tuple[str, bytes | str]]:
                 out[rel] = ("dir", "")
             elif path.is_char_device():
                 out[rel] = ("chr", "")
+            elif path.is_block_device():
+                out[rel] = ("blk", "")
             else:
                 out[rel] = ("file", path.read_bytes())
     return out
@@ -95,13 +99,13 @@ def _assert_same_as_render(root: Path, rendered: Path) -> None:
     live = _snapshot(root)
     plain = _snapshot(rendered)
     # The render writes device entries as placeholders plus dev/.devices; the mount
-    # serves them as char devices. Everything else must be identical.
+    # serves them as char and block devices. Everything else must be identical.
     plain.pop("dev/.devices")
     plain.pop(".hwsandbox-render", None)
     for rel, (kind, _) in live.items():
-        if kind == "chr":
+        if kind in ("chr", "blk"):
             assert plain.pop(rel)[0] == "file"
-    live = {k: v for k, v in live.items() if v[0] != "chr"}
+    live = {k: v for k, v in live.items() if v[0] not in ("chr", "blk")}
     assert live.keys() == plain.keys()
     different = [k for k in live if live[k] != plain[k]]
     assert different == []
@@ -158,6 +162,44 @@ def test_hwloc_sees_the_same_topology_through_the_mount(mounted: tuple[Path, Pat
             obj.attrib.pop("gp_index", None)
     assert ET.tostring(a) == ET.tostring(b)
     assert len(_gpus(a)) == 8
+
+
+def test_the_nvme_namespace_is_a_block_device_through_the_mount(
+        mounted: tuple[Path, Path]) -> None:
+    """/dev/nvme0n1 is served as the block device 259:0 (the controller /dev/nvme0 as a
+    character device), and lsblk reads the namespace through the mount."""
+    root, _ = mounted
+    st = os.lstat(root / "dev/nvme0n1")
+    assert stat.S_ISBLK(st.st_mode)
+    assert st.st_rdev == os.makedev(259, 0)
+    assert stat.S_IMODE(st.st_mode) == 0o660
+    assert stat.S_ISCHR(os.lstat(root / "dev/nvme0").st_mode)
+    assert os.path.realpath(root / "sys/dev/block/259:0") == os.path.realpath(
+        root / "sys/block/nvme0n1")
+    lsblk = shutil.which("lsblk")
+    if lsblk is None:
+        pytest.fail("lsblk is not installed: apt-get install -y util-linux")
+    out = run([lsblk, "--sysroot", str(root), "-J", "-o", "NAME,MAJ:MIN,TYPE"])
+    assert json.loads(out)["blockdevices"] == [
+        {"name": "nvme0n1", "maj:min": "259:0", "type": "disk"}]
+
+
+def test_a_dev_mapped_mount_shows_block_nodes_as_the_character_stand_in(
+        tmp_path: Path) -> None:
+    """With ``--dev --dev-map`` every node is the stand-in 1:3 (/dev/null), block nodes as
+    CHARACTER devices: a block 1:3 would be /dev/ram3."""
+    require_fuse()
+    root = tmp_path / "root"
+    result = sandbox("mount", str(PROFILE), "--node", "gpu-worker", str(root), "--daemon",
+                     "--dev", "--dev-map", "1:3")
+    assert result.returncode == 0, result.stderr
+    try:
+        for node in ("dev/nvme0n1", "dev/nvme0", "dev/nvidia0"):
+            st = os.lstat(root / node)
+            assert stat.S_ISCHR(st.st_mode), node
+            assert st.st_rdev == os.makedev(1, 3), node
+    finally:
+        unmount(root)
 
 
 def test_unplug_and_plug_a_gpu_through_the_cli(mounted: tuple[Path, Path]) -> None:
@@ -228,10 +270,12 @@ def test_nvme_unplug_and_link_down_through_the_cli(mounted: tuple[Path, Path]) -
     assert not disk.exists()
     assert not (root / "sys/class/nvme/nvme0").exists()
     assert not (root / "sys/dev/block/259:0").exists()
+    assert not os.path.lexists(root / "dev/nvme0n1")
     assert not (root / "sys/bus/pci/devices/0000:06:00.0").exists()
     result = sandbox("fault", "--socket", str(sock), "plug", "gpu-worker", "nvme0")
     assert result.returncode == 0, result.stderr
     assert (disk / "size").read_text() == "7501476528\n"
+    assert stat.S_ISBLK(os.lstat(root / "dev/nvme0n1").st_mode)
     result = sandbox("fault", "--socket", str(sock), "health", "gpu-worker", "nvme0",
                      "unhealthy", "--reason", "link-down")
     assert result.returncode == 0, result.stderr

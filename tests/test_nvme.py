@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,16 @@ import pytest
 from sandbox.fakehw import _nvme
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
-from sandbox.fakehw.tree import CharDevice, DeviceState, File, Health, Reason, Symlink, Tree
+from sandbox.fakehw.tree import (
+    BlockDevice,
+    CharDevice,
+    DeviceState,
+    File,
+    Health,
+    Reason,
+    Symlink,
+    Tree,
+)
 from sandbox.profile import load_profile, load_profile_text
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.spec import DeviceSpec, NodeSpec
@@ -113,7 +123,7 @@ def test_controller_subsystem_and_char_device() -> None:
     assert text(tree, f"{sub}/subsysnqn") == f"{nqn}\n"
     assert text(tree, f"{sub}/subsystype") == "nvm\n"
     assert text(tree, _nvme.MULTIPATH) == "N\n"
-    assert tree.devices["nvme0"].dev_nodes == ("dev/nvme0",)
+    assert tree.devices["nvme0"].dev_nodes == ("dev/nvme0", "dev/nvme0n1")
     assert tree.devices["nvme0"].kind == "nvme"
 
 
@@ -138,6 +148,7 @@ def test_namespaces_are_block_disks_below_their_controller() -> None:
         assert target(tree, f"{disk}/device") == ctrl
         assert target(tree, f"{disk}/subsystem") == "sys/class/block"
         assert text(tree, f"{disk}/dev") == f"259:{minor}\n"
+        assert tree.get(f"dev/{name}") == BlockDevice(259, minor, 0o660)  # as udev makes it
         assert text(tree, f"{disk}/size") == f"{sectors}\n"
         assert text(tree, f"{disk}/nsid") == f"{name[-1]}\n"
         assert f"DEVNAME={name}\nDEVTYPE=disk\n" in text(tree, f"{disk}/uevent")
@@ -163,7 +174,8 @@ def test_faults_unplug_and_replug() -> None:
     gone = build_tree(n, {d.id: DeviceState(plugged=False)})
     for path in ("sys/class/nvme/nvme1", "sys/block/nvme1n1", "sys/block/nvme1n2",
                  "sys/class/block/nvme1n2", "sys/dev/block/259:1", "sys/dev/char/241:1",
-                 "dev/nvme1", "sys/class/nvme-subsystem/nvme-subsys1",
+                 "dev/nvme1", "dev/nvme1n1", "dev/nvme1n2",
+                 "sys/class/nvme-subsystem/nvme-subsys1",
                  "sys/devices/virtual/nvme-subsystem/nvme-subsys1",
                  f"sys/bus/pci/devices/{d.address}"):
         assert gone.get(path) is None, path
@@ -219,6 +231,24 @@ def test_lsblk_lists_every_namespace(rendered: tuple[NodeSpec, Path]) -> None:
         assert b["rota"] is False
         assert b["log-sec"] == d.nvme.lba_size
         assert b["phy-sec"] == max(d.nvme.lba_size, 4096)
+
+
+def test_lsblk_reads_the_demo_render_with_real_block_nodes(tmp_path: Path) -> None:
+    """``render --mknod`` of the demo profile: /dev/nvme0n1 is the block device 259:0 and
+    lsblk, reading the fake sysfs, lists the namespace with that number."""
+    if os.geteuid() != 0:
+        pytest.fail("mknod needs root: run this test as root")
+    n = load_profile(REPO / "profiles/8gpu-2numa.yaml").cluster.nodes[0]
+    root = tmp_path / "root"
+    render(build_tree(n), root, mknod=True)
+    st = (root / "dev/nvme0n1").lstat()
+    assert stat.S_ISBLK(st.st_mode)
+    assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (259, 0)
+    assert stat.S_ISCHR((root / "dev/nvme0").lstat().st_mode)  # the controller
+    out = run([need("lsblk", "util-linux"), "--sysroot", str(root), "-J", "-o",
+               "NAME,MAJ:MIN,TYPE,TRAN"])
+    assert json.loads(out)["blockdevices"] == [
+        {"name": "nvme0n1", "maj:min": "259:0", "type": "disk", "tran": "nvme"}]
 
 
 def test_lspci_sees_nvme_controllers(rendered: tuple[NodeSpec, Path]) -> None:

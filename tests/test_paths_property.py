@@ -22,7 +22,7 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sandbox.agent import char_devices, create_device_nodes, remove_device_nodes
+from sandbox.agent import create_device_nodes, device_nodes, remove_device_nodes
 from sandbox.errors import ProfileError
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
@@ -127,7 +127,7 @@ def _paths_stay_inside_the_root(text: str) -> None:
                 assert not entry.target.startswith("/"), (rel, entry.target)
                 target = posixpath.join(posixpath.dirname(full), entry.target)
                 assert _inside(ROOT, target), (rel, entry.target)
-        for rel, _dev in char_devices(tree):
+        for rel, _dev in device_nodes(tree):
             assert _inside("/dev-dir", f"/dev-dir/{rel}"), rel
         if accepted[0] % 50 == 1:
             _render_for_real(tree)

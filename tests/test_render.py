@@ -15,7 +15,16 @@ from sandbox.errors import MountError, RenderError, SandboxError
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.mountroot import check_mount_root
 from sandbox.fakehw.render import DEVICES_LIST, MARKER, render
-from sandbox.fakehw.tree import CharDevice, DeviceState, Dir, File, Symlink, Tree, TreeError
+from sandbox.fakehw.tree import (
+    BlockDevice,
+    CharDevice,
+    DeviceState,
+    Dir,
+    File,
+    Symlink,
+    Tree,
+    TreeError,
+)
 from sandbox.profile import load_profile
 from sandbox.profile.spec import NodeSpec
 
@@ -42,6 +51,8 @@ def snapshot(root: Path) -> dict[str, tuple[str, bytes | str | int]]:
                 out[rel] = ("dir", stat.S_IMODE(st.st_mode))
             elif stat.S_ISCHR(st.st_mode):
                 out[rel] = ("chr", st.st_rdev)
+            elif stat.S_ISBLK(st.st_mode):
+                out[rel] = ("blk", st.st_rdev)
             else:
                 out[rel] = ("file", p.read_bytes())
     return out
@@ -53,12 +64,13 @@ def test_render_writes_the_tree_with_placeholders(tmp_path: Path, node: NodeSpec
     root = tmp_path / "root"
     assert not stats.mknod
     listed = (root / DEVICES_LIST).read_text().splitlines()
-    devices = {p: e for p, e in tree.walk() if isinstance(e, CharDevice)}
+    devices = {p: e for p, e in tree.walk() if isinstance(e, (CharDevice, BlockDevice))}
     assert len(listed) == len(devices) == stats.devices
+    assert any(isinstance(e, BlockDevice) for e in devices.values())  # the NVMe namespace
     for line in listed:
         name, kind, major, minor = line.split()
         dev = devices[f"dev/{name}"]
-        assert kind == "c"
+        assert kind == ("b" if isinstance(dev, BlockDevice) else "c"), name
         assert (int(major), int(minor)) == (dev.major, dev.minor)
         assert (root / "dev" / name).is_file()
     for path, entry in tree.walk():
@@ -91,18 +103,35 @@ def test_unplug_replug_renders_identically(tmp_path: Path, node: NodeSpec) -> No
     assert snapshot(tmp_path / "a") == snapshot(tmp_path / "c")
 
 
-def test_mknod_makes_real_character_devices(tmp_path: Path, node: NodeSpec) -> None:
+def test_mknod_makes_real_character_and_block_devices(tmp_path: Path, node: NodeSpec) -> None:
     if os.geteuid() != 0:
         pytest.fail("mknod needs root: run this test as root")
     tree = build_tree(node)
     stats = render(tree, tmp_path / "root", mknod=True)
     assert stats.mknod
     assert not (tmp_path / "root" / DEVICES_LIST).exists()
+    seen = 0
     for path, entry in tree.walk():
-        if isinstance(entry, CharDevice):
+        if isinstance(entry, (CharDevice, BlockDevice)):
             st = (tmp_path / "root" / path).lstat()
-            assert stat.S_ISCHR(st.st_mode)
+            if isinstance(entry, BlockDevice):
+                assert stat.S_ISBLK(st.st_mode), path
+            else:
+                assert stat.S_ISCHR(st.st_mode), path
             assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (entry.major, entry.minor)
+            assert stat.S_IMODE(st.st_mode) == entry.mode, path
+            seen += 1
+    assert seen == stats.devices
+    # The demo profile's NVMe namespace, as the kernel numbers it (extended devt 259:0)
+    disk = (tmp_path / "root" / "dev" / "nvme0n1").lstat()
+    assert stat.S_ISBLK(disk.st_mode)
+    assert (os.major(disk.st_rdev), os.minor(disk.st_rdev)) == (259, 0)
+    assert stat.S_IMODE(disk.st_mode) == 0o660
+    assert os.readlink(tmp_path / "root" / "sys/dev/block/259:0").endswith("/nvme0/nvme0n1")
+    # a forced render removes its block nodes too (the manifest's "b" lines)
+    render(tree, tmp_path / "root", mknod=True, force=True)
+    assert stat.S_ISBLK((tmp_path / "root" / "dev" / "nvme0n1").lstat().st_mode)
+    assert "b dev/nvme0n1" in (tmp_path / "root" / MARKER).read_text().splitlines()
 
 
 @pytest.mark.parametrize("target", ["/", "/sys", "/sys/devices/x", "/proc", "/proc/1",
@@ -240,9 +269,50 @@ def test_device_nodes_stay_inside_their_dir_and_only_ours_are_removed(
     assert "null" not in made
     assert "nvidia0" in made
     assert (dev / "nvidia0").is_char_device()
+    # every node is the stand-in character device, the NVMe namespace's block node too
+    assert "nvme0n1" in made
+    disk = (dev / "nvme0n1").lstat()
+    assert stat.S_ISCHR(disk.st_mode)
+    assert disk.st_rdev == os.makedev(1, 3)
     remove_device_nodes(made, dev)
     assert (dev / "null").is_char_device()
     assert not (dev / "nvidia0").exists()
+    assert not (dev / "nvme0n1").exists()
+
+
+def test_unmapped_device_nodes_keep_their_type(tmp_path: Path, node: NodeSpec) -> None:
+    """Without a stand-in, block nodes are block devices with their own numbers; a node of
+    the same number but another type is not ours; teardown removes only what it made."""
+    if os.geteuid() != 0:
+        pytest.fail("mknod needs root: run this test as root")
+    tree = build_tree(node)
+    fresh = tmp_path / "fresh"
+    made = create_device_nodes(tree, fresh, dev_map=None)
+    assert "nvme0n1" in made
+    disk = (fresh / "nvme0n1").lstat()
+    assert stat.S_ISBLK(disk.st_mode)
+    assert disk.st_rdev == os.makedev(259, 0)
+    assert stat.S_IMODE(disk.st_mode) == 0o660
+    ctrl = (fresh / "nvme0").lstat()
+    assert stat.S_ISCHR(ctrl.st_mode)
+    assert stat.S_IMODE(ctrl.st_mode) == 0o600
+    remove_device_nodes(made, fresh, dev_map=None)
+    assert not (fresh / "nvme0n1").exists()
+    assert not (fresh / "nvme0").exists()
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    os.mknod(dev / "nvme0n1", stat.S_IFCHR | 0o660, os.makedev(259, 0))  # the wrong type
+    with pytest.raises(SandboxError, match="nvme0n1: exists and is not the device"):
+        create_device_nodes(tree, dev, dev_map=None)
+    assert not (dev / "nvidia0").exists()  # what it had made is removed again
+    (dev / "nvme0n1").unlink()
+    os.mknod(dev / "nvme0n1", stat.S_IFBLK | 0o660, os.makedev(259, 0))  # as we make it
+    made = create_device_nodes(tree, dev, dev_map=None)
+    assert "nvme0n1" not in made  # kept as it was, so not ours to remove
+    remove_device_nodes(made, dev, dev_map=None)
+    assert not (dev / "nvidia0").exists()
+    assert (dev / "nvme0n1").is_block_device()
 
 
 def test_cli_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

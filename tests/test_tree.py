@@ -12,6 +12,7 @@ from sandbox.fakehw import _net
 from sandbox.fakehw._gpu import drm_minors
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.tree import (
+    BlockDevice,
     CharDevice,
     DeviceState,
     Dir,
@@ -22,6 +23,7 @@ from sandbox.fakehw.tree import (
     Symlink,
     Tree,
 )
+from sandbox.fakehw.treediff import diff_index, kind_of
 from sandbox.profile import load_profile
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.spec import DeviceSpec, NodeSpec
@@ -103,11 +105,12 @@ def test_links_are_relative_and_resolve_inside(node: NodeSpec) -> None:
 def test_every_device_node_agrees_with_sysfs(node: NodeSpec) -> None:
     tree = build_tree(node)
     all_entries = entries(tree)
-    devs = {p: e for p, e in all_entries.items() if isinstance(e, CharDevice)}
+    devs = {p: e for p, e in all_entries.items() if isinstance(e, (CharDevice, BlockDevice))}
     assert devs, "no device nodes"
     for path, dev in devs.items():
         assert path.startswith("dev/")
-        link = f"sys/dev/char/{dev.major}:{dev.minor}"
+        kind = "block" if isinstance(dev, BlockDevice) else "char"
+        link = f"sys/dev/{kind}/{dev.major}:{dev.minor}"
         if NO_SYSFS_NODE.match(path):
             assert tree.get(link) is None
             continue
@@ -115,12 +118,32 @@ def test_every_device_node_agrees_with_sysfs(node: NodeSpec) -> None:
         assert real is not None, f"{path}: {link} dangles"
         assert real.startswith("sys/devices/"), f"{path}: {link}"
         assert text(tree, f"{real}/dev") == f"{dev.major}:{dev.minor}\n"
-    majmin = {(d.major, d.minor) for d in devs.values()}
-    assert len(majmin) == len(devs), "two device nodes share a major:minor"
+        assert f"DEVNAME={path.removeprefix('dev/')}\n" in text(tree, f"{real}/uevent")
+        if kind == "block":  # a disk's node has its sysfs name (nvme0n1 <- sys/block)
+            assert resolve(tree, f"sys/block/{path.removeprefix('dev/')}") == real
+    majmin = {(type(d), d.major, d.minor) for d in devs.values()}
+    assert len(majmin) == len(devs), "two device nodes share a type and major:minor"
     for path in all_entries:
-        if path.startswith("sys/dev/char/"):
-            major, minor = (int(x) for x in path.rsplit("/", 1)[1].split(":"))
-            assert (major, minor) in majmin, f"{path} has no /dev node"
+        for kind, cls in (("char", CharDevice), ("block", BlockDevice)):
+            if path.startswith(f"sys/dev/{kind}/"):
+                major, minor = (int(x) for x in path.rsplit("/", 1)[1].split(":"))
+                assert (cls, major, minor) in majmin, f"{path} has no /dev node"
+
+
+def test_block_and_character_nodes_are_different_entries() -> None:
+    """Same path and numbers, another type: another digest, and a diff names it as a
+    node of one kind removed and one of the other added (a new inode for the mount)."""
+    chars, blocks = Tree(), Tree()
+    chars.add_chardev("dev/x", 259, 0, 0o660)
+    blocks.add_blockdev("dev/x", 259, 0)
+    assert blocks.get("dev/x") == BlockDevice(259, 0, 0o660)
+    assert chars.get("dev/x") != blocks.get("dev/x")
+    assert chars.digest() != blocks.digest()
+    old, new = dict(chars.walk()), dict(blocks.walk())
+    assert (kind_of(old["dev/x"]), kind_of(new["dev/x"])) == ("chr", "blk")
+    diff = diff_index(old, new)
+    assert (diff.removed, diff.added, diff.changed) == (
+        (("dev/x", "chr"),), (("dev/x", "blk"),), ())
 
 
 @pytest.mark.parametrize("node", NODES)

@@ -2,9 +2,9 @@
 
 ``Ctx`` wraps a ``Tree`` with a directory cache (a path is parsed once, however many
 attributes go into it), relative-symlink computation from root-relative targets, and
-character-device registration (``dev/`` node + ``sys/dev/char/M:m`` link + ``dev``
-attribute in one call, so the three can never disagree). Small attribute values are
-interned: thousands of ``0\\n`` files share one ``File`` object.
+device-node registration (``dev/`` node + ``sys/dev/char/M:m`` or ``sys/dev/block/M:m``
+link + ``dev`` attribute in one call, so the three can never disagree). Small attribute
+values are interned: thousands of ``0\\n`` files share one ``File`` object.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 
 from sandbox.fakehw.tree import (
+    BlockDevice,
     CharDevice,
     DeviceState,
     Dir,
@@ -215,10 +216,28 @@ class Ctx:
         mode: int = 0o666,
     ) -> str:
         """``dev/<name>``; with ``sysdir`` also its ``dev``/``uevent`` and sys/dev/char link."""
+        return self._devnode(CharDevice(major, minor, mode), "char", name, sysdir, uevent)
+
+    def blockdev(
+        self,
+        name: str,
+        major: int,
+        minor: int,
+        sysdir: str,
+        uevent: str = "",
+        mode: int = 0o660,
+    ) -> str:
+        """The block node ``dev/<name>``, ``sysdir``'s ``dev``/``uevent`` and its
+        sys/dev/block link (every block device has a sysfs directory)."""
+        return self._devnode(BlockDevice(major, minor, mode), "block", name, sysdir, uevent)
+
+    def _devnode(self, node: CharDevice | BlockDevice, kind: str, name: str,
+                 sysdir: str | None, uevent: str) -> str:
         path = f"dev/{name}"
         dirpath, _, base = path.rpartition("/")
-        self.put(dirpath, base, CharDevice(major, minor, mode))
+        self.put(dirpath, base, node)
         if sysdir is not None:
+            major, minor = node.major, node.minor
             self.files(
                 sysdir,
                 {
@@ -226,7 +245,7 @@ class Ctx:
                     "uevent": f"MAJOR={major}\nMINOR={minor}\nDEVNAME={name}\n{uevent}",
                 },
             )
-            self.link(f"sys/dev/char/{major}:{minor}", sysdir)
+            self.link(f"sys/dev/{kind}/{major}:{minor}", sysdir)
         return path
 
     def exists(self, path: str) -> bool:

@@ -8,8 +8,9 @@ The layout is the kernel's without native NVMe multipath (``nvme_core.multipath=
 controller, so readers that walk a disk's path up to its PCI function (hwloc, lsblk) find
 it, and the subsystem directory links its controller.
 
-``/dev/nvmeNnM`` itself (block 259:k) is not in the tree: the tree has character devices
-only (``tree.CharDevice``); ``sys/dev/block/259:k`` and the disk's ``dev`` are.
+Each namespace is a block node ``/dev/nvmeNnM`` (259:k, ``tree.BlockDevice``, mode 0660 as
+udev makes disks) with its ``dev`` and ``sys/dev/block/259:k``; the controller is the
+character node ``/dev/nvmeN``.
 """
 
 from __future__ import annotations
@@ -123,10 +124,8 @@ def _namespace(ctx: Ctx, d: DeviceSpec, nvme: NvmeSpec, cdir: str, nsid: int) ->
     minor = nvme.first_minor + nsid - 1
     lba = nvme.lba_size
     eui = f"{int(d.serial) & 0xFFFFFFFFFF:010x}{nsid:06x}"
+    ctx.blockdev(name, BLOCK_EXT_MAJOR, minor, ddir, f"DEVTYPE=disk\nDISKSEQ={minor + 1}\n")
     ctx.files(ddir, {
-        "dev": f"{BLOCK_EXT_MAJOR}:{minor}\n",
-        "uevent": f"MAJOR={BLOCK_EXT_MAJOR}\nMINOR={minor}\nDEVNAME={name}\nDEVTYPE=disk\n"
-                  f"DISKSEQ={minor + 1}\n",
         "size": f"{namespace_sectors(nvme)}\n",
         "ro": "0\n",
         "removable": "0\n",
@@ -194,9 +193,13 @@ def _namespace(ctx: Ctx, d: DeviceSpec, nvme: NvmeSpec, cdir: str, nsid: int) ->
     }, RW)
     ctx.link(f"sys/block/{name}", ddir)
     ctx.link(f"sys/class/block/{name}", ddir)
-    ctx.link(f"sys/dev/block/{BLOCK_EXT_MAJOR}:{minor}", ddir)
 
 
 def dev_nodes(d: DeviceSpec) -> tuple[str, ...]:
-    """The dev/ paths of a drive (its controller's character device)."""
-    return (f"dev/nvme{d.nvme.controller}",) if d.nvme is not None else ()
+    """The dev/ paths of a drive: its controller's character node, then its namespaces'
+    block nodes."""
+    if d.nvme is None:
+        return ()
+    nvme = d.nvme
+    return (f"dev/nvme{nvme.controller}",
+            *(f"dev/{disk_name(nvme, nsid)}" for nsid in range(1, nvme.namespaces + 1)))

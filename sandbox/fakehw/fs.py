@@ -47,7 +47,7 @@ from sandbox.fakehw.control import ControlPaths, ControlServer, control_paths
 from sandbox.fakehw.live import LiveTree, Rebuild
 from sandbox.fakehw.mountroot import check_mount_root, mounted_fstype, recover_mount
 from sandbox.fakehw.states import load_states
-from sandbox.fakehw.tree import DeviceState, Dir, Entry, File, Symlink
+from sandbox.fakehw.tree import BlockDevice, DeviceState, Dir, Entry, File, Symlink
 from sandbox.fakehw.treediff import Diff, Kind, kind_of
 
 log = logging.getLogger(__name__)
@@ -148,14 +148,18 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         elif isinstance(entry, Symlink):
             a.st_mode = stat.S_IFLNK | 0o777
             a.st_nlink = 1
-        else:
+        elif self._rdev_map is not None:
+            # Every node as the stand-in, so a container never reaches a real driver: a
+            # block node too is shown as a CHARACTER device with the stand-in's number (a
+            # block 1:3 would be /dev/ram3, a real disk).
             a.st_mode = stat.S_IFCHR | entry.mode
             a.st_nlink = 1
-            a.st_rdev = (
-                self._rdev_map
-                if self._rdev_map is not None
-                else os.makedev(entry.major, entry.minor)
-            )
+            a.st_rdev = self._rdev_map
+        else:
+            a.st_mode = (stat.S_IFBLK if isinstance(entry, BlockDevice)
+                         else stat.S_IFCHR) | entry.mode
+            a.st_nlink = 1
+            a.st_rdev = os.makedev(entry.major, entry.minor)
         a.st_size = size
         a.st_blocks = (size + 511) // 512
         t = self.live.changed_ns(path)
@@ -411,9 +415,9 @@ async def serve(
 
     ``rebuild(states)`` makes the tree for a states dict (the profile builder in real
     use). Saved states (``control_paths(root, state_dir).state``) override
-    ``initial_states``. ``dev_map=(1, 3)`` reports every char device as that
-    major:minor; ``allow_dev`` mounts with ``dev`` so such nodes can be opened (opening
-    reaches the REAL driver of the reported major:minor). Calls
+    ``initial_states``. ``dev_map=(1, 3)`` reports every device node (block ones too) as a
+    character device of that major:minor; ``allow_dev`` mounts with ``dev`` so such nodes
+    can be opened (opening reaches the REAL driver of the reported major:minor). Calls
     ``task_status.started(paths)`` once mounted and listening; returns after the mount is
     unmounted from outside (``fusermount3 -u``) or on SIGTERM/SIGINT (unmounting itself).
     Must be run in the main thread of a trio program that serves nothing else.

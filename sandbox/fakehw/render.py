@@ -1,8 +1,8 @@
 """``render``: write a ``Tree`` to a plain directory (the non-live way to serve a fake root).
 
-Files keep their modes, symlinks stay relative, and character devices become real device
-nodes (``mknod=True`` as root) or empty placeholder files listed in ``dev/.devices`` as
-``<name> c <major> <minor>`` lines. A ``.hwsandbox-render`` manifest at the top lists every
+Files keep their modes, symlinks stay relative, and device nodes become real character or
+block devices (``mknod=True`` as root) or empty placeholder files listed in ``dev/.devices``
+as ``<name> c|b <major> <minor>`` lines. A ``.hwsandbox-render`` manifest at the top lists every
 entry the render created; a later ``force`` render removes exactly those (files whose type
 still matches, directories once empty) and nothing else. Foreign files are never removed or
 replaced: one standing where the tree needs an entry is an error.
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from sandbox.errors import RenderError
 from sandbox.fakehw.hostpaths import host_path_problem
-from sandbox.fakehw.tree import CharDevice, Dir, File, Symlink, Tree, check_component
+from sandbox.fakehw.tree import BlockDevice, Dir, Entry, File, Symlink, Tree, check_component
 
 MARKER = ".hwsandbox-render"
 DEVICES_LIST = "dev/.devices"
@@ -51,7 +51,7 @@ class RenderStats:
     files: int
     links: int
     devices: int
-    mknod: bool  # True: devices are real character devices; False: placeholders
+    mknod: bool  # True: devices are real device nodes; False: placeholders
 
 
 def render(tree: Tree, out_dir: str | os.PathLike[str], mknod: bool = False,
@@ -141,7 +141,7 @@ def _read_manifest(top: int) -> list[tuple[str, str]]:
     out = []
     for line in lines:
         kind, _, rel = line.partition(" ")
-        if kind in ("d", "f", "l", "c") and rel:
+        if kind in ("d", "f", "l", "c", "b") and rel:
             out.append((kind, rel))
     return out
 
@@ -177,6 +177,7 @@ def _remove_listed(top: int, kind: str, rel: str) -> None:
             "f": stat.S_ISREG(st.st_mode),
             "l": stat.S_ISLNK(st.st_mode),
             "c": stat.S_ISCHR(st.st_mode) or stat.S_ISREG(st.st_mode),
+            "b": stat.S_ISBLK(st.st_mode) or stat.S_ISREG(st.st_mode),
         }[kind]
         if matches:
             os.unlink(name, dir_fd=parent)
@@ -237,8 +238,7 @@ class _Writer:
                         if self.real_nodes and isinstance(exc, PermissionError) else "")
                 raise RenderError(f"cannot write {self.root}/{rel}: {exc.strerror}{hint}") from exc
 
-    def _write_one(self, parent: int, name: str, rel: str, entry: Dir | File | Symlink
-                   | CharDevice) -> None:
+    def _write_one(self, parent: int, name: str, rel: str, entry: Entry) -> None:
         if isinstance(entry, Dir):
             try:
                 os.mkdir(name, entry.mode, dir_fd=parent)
@@ -267,13 +267,23 @@ class _Writer:
             self.made.append(f"l {rel}")
             self.links += 1
         else:
+            block = isinstance(entry, BlockDevice)
+            kind = "b" if block else "c"
             if self.real_nodes:
-                os.mknod(name, stat.S_IFCHR | entry.mode, os.makedev(entry.major, entry.minor),
+                ftype = stat.S_IFBLK if block else stat.S_IFCHR
+                os.mknod(name, ftype | entry.mode, os.makedev(entry.major, entry.minor),
                          dir_fd=parent)
+                # mknod applied the umask; never through a link planted meanwhile
+                # (ValueError: the name is a symlink now)
+                try:
+                    os.chmod(name, entry.mode, dir_fd=parent, follow_symlinks=False)
+                except ValueError:
+                    raise FileExistsError(name) from None
             else:
                 os.close(os.open(name, _FILE_FLAGS, 0o644, dir_fd=parent))
-                self.listed.append(f"{rel.removeprefix('dev/')} c {entry.major} {entry.minor}\n")
-            self.made.append(f"c {rel}")
+                self.listed.append(
+                    f"{rel.removeprefix('dev/')} {kind} {entry.major} {entry.minor}\n")
+            self.made.append(f"{kind} {rel}")
             self.devices += 1
 
 

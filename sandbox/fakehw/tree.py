@@ -1,4 +1,5 @@
-"""The in-memory fake root: directories, files, relative symlinks and character devices.
+"""The in-memory fake root: directories, files, relative symlinks and device nodes
+(``CharDevice``, ``BlockDevice``).
 
 A ``Tree`` is the single source both servers use: ``render`` writes it to a plain
 directory, the FUSE server serves it live. It is plain data with no I/O. Paths are
@@ -35,13 +36,27 @@ class CharDevice:
     mode: int = 0o666
 
 
+@dataclass(frozen=True)
+class BlockDevice:
+    """A block device node (an NVMe namespace's ``dev/nvme0n1``). A class of its own, not
+    a flag on ``CharDevice``: an entry's class is its file type everywhere (readers that
+    take ``CharDevice`` never meet a disk; a path whose type changes is a new inode)."""
+
+    major: int
+    minor: int
+    mode: int = 0o660  # as udev makes disks (owner root, group disk)
+
+
+DeviceNode = CharDevice | BlockDevice
+
+
 @dataclass
 class Dir:
     children: dict[str, Entry] = field(default_factory=dict)
     mode: int = 0o755
 
 
-Entry = Dir | File | Symlink | CharDevice
+Entry = Dir | File | Symlink | CharDevice | BlockDevice
 
 
 class Health(enum.Enum):
@@ -182,6 +197,9 @@ class Tree:
     def add_chardev(self, path: str, major: int, minor: int, mode: int = 0o666) -> None:
         self._put(path, CharDevice(major, minor, mode))
 
+    def add_blockdev(self, path: str, major: int, minor: int, mode: int = 0o660) -> None:
+        self._put(path, BlockDevice(major, minor, mode))
+
     # -- reading --------------------------------------------------------------------
     def get(self, path: str) -> Entry | None:
         node: Entry = self.root
@@ -220,6 +238,8 @@ class Tree:
                 h.update(b"L" + entry.target.encode() + b"\0")
             elif isinstance(entry, CharDevice):
                 h.update(b"C%d:%d:%o\0" % (entry.major, entry.minor, entry.mode))
+            elif isinstance(entry, BlockDevice):
+                h.update(b"B%d:%d:%o\0" % (entry.major, entry.minor, entry.mode))
             else:
                 h.update(b"D%o\0" % entry.mode)
         return h.hexdigest()

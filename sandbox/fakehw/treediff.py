@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from sandbox.fakehw.tree import Dir, Entry, File, Symlink, Tree
+from sandbox.fakehw.tree import BlockDevice, Dir, Entry, File, Symlink, Tree
 
-Kind = Literal["dir", "file", "link", "chr"]
+Kind = Literal["dir", "file", "link", "chr", "blk"]
 
 
 def kind_of(entry: Entry) -> Kind:
@@ -27,6 +27,8 @@ def kind_of(entry: Entry) -> Kind:
         return "file"
     if isinstance(entry, Symlink):
         return "link"
+    if isinstance(entry, BlockDevice):
+        return "blk"
     return "chr"
 
 
