@@ -74,12 +74,14 @@ class Allocated:
     device: str
     consumed: tuple[tuple[str, str], ...]  # what the device takes from shared counters or
     # from its own consumable capacity, e.g. (("memory", "10Gi"), ("bandwidth", "3G"))
+    counter_sets: tuple[str, ...] = ()  # the counter sets it takes from (a GPU's, by name)
 
 
 @dataclass(frozen=True)
 class Left:
     """One shared counter (of a GPU's counter set) or one consumable capacity (of a
-    device such as a NIC's bandwidth): how much there is, how much allocations use."""
+    device that allows multiple allocations, such as a NIC's bandwidth): how much there
+    is, how much allocations use. Every one a slice publishes, in use or not."""
 
     pool: str
     owner: str  # the counter set, or the device
@@ -103,6 +105,7 @@ def usage(slices: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any
 
     devices: dict[tuple[str, str, str], Mapping[str, Any]] = {}
     counters: dict[tuple[str, str, str], Decimal] = {}
+    capacity: dict[tuple[str, str, str], Decimal] = {}
     for s in slices:
         spec = s.get("spec", {})
         driver, pool = spec.get("driver", ""), spec.get("pool", {}).get("name", "")
@@ -111,9 +114,11 @@ def usage(slices: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any
                 counters[(pool, cs["name"], name)] = parse_quantity(c["value"])
         for d in spec.get("devices") or []:
             devices[(driver, pool, d["name"])] = d
+            if d.get("allowMultipleAllocations"):  # consumable capacity (DRAConsumableCapacity)
+                for name, cap in (d.get("capacity") or {}).items():
+                    capacity[(pool, d["name"], name)] = parse_quantity(cap["value"])
     used_counters = dict.fromkeys(counters, Decimal(0))
-    capacity: dict[tuple[str, str, str], Decimal] = {}
-    used_capacity: dict[tuple[str, str, str], Decimal] = {}
+    used_capacity = dict.fromkeys(capacity, Decimal(0))
     allocated = []
     for c in claims:
         meta, status = c.get("metadata", {}), c.get("status") or {}
@@ -122,6 +127,8 @@ def usage(slices: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any
         for r in results:
             device = devices.get((r["driver"], r["pool"], r["device"]), {})
             consumed = []
+            sets = tuple(dict.fromkeys(cc["counterSet"]
+                                       for cc in device.get("consumesCounters") or []))
             for cc in device.get("consumesCounters") or []:
                 for name, v in (cc.get("counters") or {}).items():
                     key = (r["pool"], cc["counterSet"], name)
@@ -130,13 +137,14 @@ def usage(slices: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any
                     consumed.append((name, str(v["value"])))
             for name, v in (r.get("consumedCapacity") or {}).items():
                 key = (r["pool"], r["device"], name)
-                total = (device.get("capacity") or {}).get(name, {}).get("value", "0")
-                capacity[key] = parse_quantity(total)
+                if key not in capacity:  # a device no slice has now (unplugged)
+                    total = (device.get("capacity") or {}).get(name, {}).get("value", "0")
+                    capacity[key] = parse_quantity(total)
                 used_capacity[key] = used_capacity.get(key, Decimal(0)) + parse_quantity(v)
                 consumed.append((name, str(v)))
             allocated.append(Allocated(
                 f"{meta.get('namespace', '')}/{meta.get('name', '')}", pods, r["request"],
-                r["driver"], r["pool"], r["device"], tuple(consumed)))
+                r["driver"], r["pool"], r["device"], tuple(consumed), sets))
     return Usage(
         tuple(sorted(allocated, key=lambda a: (a.claim, a.request, a.device))),
         tuple(Left(*k, counters[k], used_counters[k]) for k in sorted(counters)),
@@ -159,3 +167,14 @@ def read_usage(kubeconfig: str) -> Usage:
     finally:
         api.close()
     return usage(slices.get("items", []), claims.get("items", []))
+
+
+def quantity(value: Decimal) -> str:
+    """A quantity as people write it: 10Gi, 3G, 7."""
+    if value == 0:
+        return "0"
+    for suffix, factor in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("T", 10**12),
+                           ("G", 10**9), ("M", 10**6), ("k", 10**3)):
+        if value % factor == 0:
+            return f"{value // factor}{suffix}"
+    return str(value)

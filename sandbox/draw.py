@@ -1,7 +1,9 @@
 """Topology pictures for workshops: NUMA nodes, CPUs, PCI tree, devices, health, allocations.
 
 ``topology_svg(nodes, status)`` returns a standalone SVG document (no external fonts or
-scripts). ``svg_to_png`` rasterises it with ``rsvg-convert`` (Debian: librsvg2-bin).
+scripts); ``claims_svg(usage)`` draws ``sandbox dra claims``: which pod's claim holds
+which partition or NIC share, and what is left of each GPU's counters and NIC's capacity.
+``svg_to_png`` rasterises either with ``rsvg-convert`` (Debian: librsvg2-bin).
 Each drawn device carries ``data-device``/``data-numa`` attributes so tests and tools can
 check what the picture shows without parsing its geometry.
 """
@@ -10,14 +12,19 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape
 
 from sandbox.errors import CommandError, SandboxError
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.spec import DeviceSpec, NodeSpec
 from sandbox.textui import size
+
+if TYPE_CHECKING:  # sandbox.dra imports the DRA driver: only `sandbox dra claims` needs it
+    from sandbox.dra import Allocated, Left, Usage
 
 FONT = "DejaVu Sans, Verdana, sans-serif"
 COLORS = {
@@ -201,6 +208,141 @@ def topology_svg(nodes: Sequence[NodeSpec],
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}">\n'
+        f'<rect width="100%" height="100%" fill="#fafafa"/>\n' + "\n".join(parts) + "\n</svg>\n"
+    )
+
+
+# -- claims: who holds which device or partition, what is left (`sandbox dra claims -o svg`)
+
+CLAIMS_W = 900
+BAR_W = 340
+USED = "#ef6c00"  # the part of a counter or capacity that claims hold
+FREE = "#c8e6c9"  # the part that is left
+FULL = "#c62828"  # nothing left
+
+
+def _attr(value: str) -> str:
+    return escape(value, {'"': "&quot;"})
+
+
+def _holder(a: Allocated, x: float, y: float) -> list[str]:
+    """Two lines: which pod holds it through which claim, then the device and what it takes."""
+    who = f"pod {', '.join(a.pods)}" if a.pods else "reserved for no pod (yet)"
+    takes = ", ".join(f"{k} {v}" for k, v in a.consumed)
+    return [
+        f'<g class="claim" data-claim="{_attr(a.claim)}" data-pod="{_attr(",".join(a.pods))}" '
+        f'data-device="{_attr(a.device)}" data-request="{_attr(a.request)}">',
+        _text(x, y + 15, who, 13, "bold", "#1a237e"),
+        _text(x + 300, y + 15, f"claim {a.claim} (request {a.request})", 12, fill="#37474f"),
+        _text(x + 14, y + 32, a.device + (f": takes {takes}" if takes else ""), 12,
+              fill="#546e7a"),
+        "</g>",
+    ]
+
+
+def _card(title: str, caption: str, rows: Sequence[Left], holders: Sequence[Allocated],
+          y: float, quantity: Callable[[Decimal], str]) -> tuple[list[str], float]:
+    """One GPU's counter set or one NIC's capacity: a bar per counter, then its holders."""
+    x, w = PAD, CLAIMS_W - 2 * PAD
+    height = 44 + len(rows) * 28 + 8 + (len(holders) * 40 if holders else 28) + 8
+    full = any(r.used >= r.total for r in rows)
+    stroke = FULL if full else ("#ef6c00" if holders else "#2e7d32")
+    out = [f'<g class="card" data-owner="{_attr(title)}">',
+           _rect(x, y, w, height, "#ffffff", stroke, 8),
+           _text(x + 16, y + 26, title, 16, "bold", "#212121"),
+           _text(x + w - 16, y + 26, caption, 12, fill="#546e7a", anchor="end")]
+    ry = y + 44
+    for r in rows:
+        left = r.total - r.used
+        share = float(r.used / r.total) if r.total else 1.0
+        used_w = max(0.0, min(1.0, share)) * BAR_W
+        bx = x + 190
+        out += [
+            f'<g class="left" data-owner="{_attr(r.owner)}" data-name="{_attr(r.name)}" '
+            f'data-used="{quantity(r.used)}" data-left="{quantity(left)}" '
+            f'data-total="{quantity(r.total)}">',
+            _text(x + 16, ry + 15, r.name, 13, fill="#37474f"),
+            _rect(bx, ry + 2, BAR_W, 16, FREE, "#90a4ae", 3),
+        ]
+        if used_w:
+            out.append(_rect(bx, ry + 2, used_w, 16, FULL if left <= 0 else USED, "none", 3))
+        out += [_text(bx + BAR_W + 14, ry + 15, f"left {quantity(left)}", 13, "bold",
+                      FULL if left <= 0 else "#2e7d32"),
+                _text(bx + BAR_W + 110, ry + 15,
+                      f"of {quantity(r.total)} ({quantity(r.used)} used)", 12, fill="#546e7a"),
+                "</g>"]
+        ry += 28
+    ry += 8
+    if not holders:
+        out.append(_text(x + 16, ry + 16, "free: no claim holds any of it", 13, fill="#2e7d32"))
+    for a in holders:
+        out += _holder(a, x + 16, ry)
+        ry += 40
+    out.append("</g>")
+    return out, height
+
+
+def claims_svg(use: Usage, title: str = "") -> str:
+    """The claims view of ``sandbox.dra.usage`` as a picture: per pool (node), one card per
+    GPU counter set and per device with consumable capacity (a NIC's bandwidth), with a
+    bar for each counter (what claims hold, what is left) and the pods and claims that
+    hold its partitions or shares; then the devices allocated whole. ``data-*``
+    attributes (claim, pod, device; owner, name, used, left, total) let tests read it."""
+    from sandbox.dra import quantity
+
+    parts: list[str] = []
+    y = 20.0
+    if title:
+        parts.append(_text(PAD, 34, title, 20, "bold"))
+        y = 50.0
+    held = len({a.claim for a in use.allocated})
+    parts.append(_text(PAD, y + 4, f"{held} claim(s) hold {len(use.allocated)} device(s)", 13,
+                       fill="#455a64"))
+    y += 20
+    pools = sorted({r.pool for r in (*use.counters, *use.capacity)}
+                   | {a.pool for a in use.allocated})
+    for pool in pools:
+        parts.append(_text(PAD, y + 22, f"pool {pool}", 17, "bold", "#283593"))
+        y += 34
+        mine = [a for a in use.allocated if a.pool == pool]
+        shown: set[Allocated] = set()
+        cards: list[tuple[str, str, list[Left], list[Allocated]]] = []
+        for kind, rows in (("counter set", use.counters), ("capacity", use.capacity)):
+            owners = sorted({r.owner for r in rows if r.pool == pool})
+            for owner in owners:
+                of = [r for r in rows if (r.pool, r.owner) == (pool, owner)]
+                if kind == "counter set":
+                    holders = [a for a in mine if owner in a.counter_sets]
+                    caption = "shared counters: its partitions and the whole device draw on them"
+                else:
+                    holders = [a for a in mine if a.device == owner]
+                    caption = "consumable capacity: claims take shares"
+                shown.update(holders)
+                cards.append((owner, caption, of, holders))
+        rest = [a for a in mine if a not in shown]
+        for owner, caption, of, holders in cards:
+            card, height = _card(owner, caption, of, holders, y, quantity)
+            parts += card
+            y += height + 12
+        if rest:
+            card, height = _card("devices allocated whole", "no shared counters or capacity",
+                                 [], rest, y, quantity)
+            parts += card
+            y += height + 12
+    if not pools:
+        parts.append(_text(PAD, y + 24, "no ResourceSlices and no allocated claims", 14))
+        y += 40
+    legend_y = y + 4
+    parts += [_rect(PAD, legend_y, 14, 14, USED, "none", 3),
+              _text(PAD + 20, legend_y + 12, "held by claims", 12),
+              _rect(PAD + 140, legend_y, 14, 14, FREE, "#90a4ae", 3),
+              _text(PAD + 160, legend_y + 12, "left", 12),
+              _rect(PAD + 220, legend_y, 14, 14, FULL, "none", 3),
+              _text(PAD + 240, legend_y + 12, "nothing left", 12)]
+    height = legend_y + 30
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{CLAIMS_W}" height="{height:.0f}" '
+        f'viewBox="0 0 {CLAIMS_W} {height:.0f}">\n'
         f'<rect width="100%" height="100%" fill="#fafafa"/>\n' + "\n".join(parts) + "\n</svg>\n"
     )
 

@@ -7,8 +7,9 @@ discovery and slice building on it (no cluster); ``config`` prints the driver co
 partition schemes, which real drivers learn from NVML rather than sysfs. ``claims`` reads
 the cluster's ResourceClaims and ResourceSlices: which pod's claim holds which device or
 partition, and per GPU counter set and per consumable capacity (a NIC's bandwidth) how
-much is used and left. All of it comes from ``sandbox.dra``; this module only parses
-arguments and prints.
+much is used and left, as a table, JSON or a picture (``-o svg|png``, drawn by
+``sandbox.draw.claims_svg``). All of it comes from ``sandbox.dra``; this module only
+parses arguments and prints.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import argparse
 import dataclasses
 import json
 import sys
-from decimal import Decimal
+from pathlib import Path
 
 import yaml
 from hwplugins.dra.slices import TYPES
 
-from sandbox.dra import driver_config, node_slices, read_usage
+from sandbox.dra import driver_config, node_slices, quantity, read_usage
+from sandbox.draw import claims_svg, svg_to_png
 from sandbox.errors import SandboxError
 from sandbox.profile import load_profile
 from sandbox.session import find_session
@@ -49,7 +51,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          "NIC's bandwidth")
     u.add_argument("--name", help="which sandbox (default: the only one running)")
     u.add_argument("--kubeconfig", help="any cluster instead of a sandbox")
-    u.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    u.add_argument("-o", "--output", choices=("table", "json", "svg", "png"), default="table",
+                   help="svg/png: the same as a picture for slides (one card per GPU and NIC)")
+    u.add_argument("-f", "--file", type=Path, help="write svg/png here (default: stdout)")
     p.set_defaults(func=run)
 
 
@@ -80,14 +84,27 @@ def run(args: argparse.Namespace) -> int:
 
 def _claims(args: argparse.Namespace) -> int:
     kubeconfig = args.kubeconfig
+    title = str(kubeconfig)
     if kubeconfig is None:
         session = find_session(args.name)
+        title = f"sandbox {session.name} ({session.runtime})"
         kubeconfig = session.record.get("kubeconfig")
         if not kubeconfig:
             raise SandboxError(f"sandbox {session.name!r} runs the {session.runtime} runtime, "
                                "which has no API server and no claims; use --runtime native "
                                "or kind")
     use = read_usage(str(kubeconfig))
+    if args.output in ("svg", "png"):
+        svg = claims_svg(use, title=f"DRA claims: {title}")
+        data = svg.encode() if args.output == "svg" else svg_to_png(svg)
+        if args.file:
+            args.file.write_bytes(data)
+            print(f"wrote {args.file}", file=sys.stderr)
+        elif args.output == "png" and sys.stdout.isatty():
+            raise SandboxError("refusing to write PNG to a terminal; use --file or a redirect")
+        else:
+            sys.stdout.buffer.write(data)
+        return 0
     if args.output == "json":
         json.dump(dataclasses.asdict(use), sys.stdout, indent=2, default=str)
         print()
@@ -100,17 +117,7 @@ def _claims(args: argparse.Namespace) -> int:
         if rows:
             print()
             print(table(("POOL", title, "OF", "USED", "LEFT", "TOTAL"), [
-                (r.pool, r.owner, r.name, _q(r.used), _q(r.total - r.used), _q(r.total))
-                for r in rows]))
+                (r.pool, r.owner, r.name, quantity(r.used), quantity(r.total - r.used),
+                 quantity(r.total)) for r in rows]))
     return 0
 
-
-def _q(value: Decimal) -> str:
-    """A quantity as people write it: 10Gi, 3G, 7."""
-    if value == 0:
-        return "0"
-    for suffix, factor in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("T", 10**12),
-                           ("G", 10**9), ("M", 10**6), ("k", 10**3)):
-        if value % factor == 0:
-            return f"{value // factor}{suffix}"
-    return str(value)

@@ -1,23 +1,28 @@
 """`sandbox dra claims` on a cluster with the REAL scheduler: what it shows is what the
-API objects say (which claim holds which partition or NIC share, what is left)."""
+API objects say (which claim holds which partition or NIC share, what is left), as a
+table, as JSON and in the picture (``-o svg|png``)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 from kubernetes.utils.quantity import parse_quantity
 
-from sandbox.dra import usage
+from sandbox.dra import quantity, usage
+from sandbox.draw import claims_svg
 from tests.dra.cluster import GROUP, REPO, VERSION, Cluster, Node, attr, cel
 from tests.dra.cluster import cluster as start
 from tests.dra.cluster import name as _name
 
 NODES = {"dra-worker": Node("tests/data/dra-nic-gpu.yaml")}
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +31,7 @@ def cluster() -> Iterator[Cluster]:
         yield c
 
 
-def test_claims_view_matches_the_api_objects(cluster: Cluster) -> None:
+def test_claims_view_matches_the_api_objects(cluster: Cluster, tmp_path: Path) -> None:
     nic = {"deviceClassName": "nic.hwsandbox.dev", "capacity": {"requests": {"bandwidth": "3G"}}}
     part = {"deviceClassName": "gpu-partition.hwsandbox.dev",
             "selectors": cel(f'{attr("profile")} == "1g.10gb"')}
@@ -73,3 +78,29 @@ def test_claims_view_matches_the_api_objects(cluster: Cluster) -> None:
          str(cluster.cp.kubeconfig), "-o", "json"], cwd=REPO, capture_output=True, text=True,
         check=True, timeout=60).stdout)
     assert len(data["allocated"]) == len(want)
+
+    # the picture: every claim with its pod and device, what is left of every counter
+    picture = ET.fromstring(claims_svg(use))
+    drawn = {(g.get("data-claim"), g.get("data-device"), g.get("data-pod")): g
+             for g in picture.iter(f"{SVG}g") if g.get("class") == "claim"}
+    assert set(drawn) == want
+    for (claim, device, pod), g in drawn.items():
+        text = " ".join(t.text or "" for t in g.iter(f"{SVG}text"))
+        assert f"pod {pod}" in text, text
+        assert claim in text, text
+        assert device in text, text
+    lefts = {(g.get("data-owner"), g.get("data-name")): g
+             for g in picture.iter(f"{SVG}g") if g.get("class") == "left"}
+    for r in (*use.counters, *use.capacity):
+        texts = [t.text for t in lefts[(r.owner, r.name)].iter(f"{SVG}text")]
+        assert f"left {quantity(r.total - r.used)}" in texts, texts
+    assert lefts[(bw.owner, "bandwidth")].get("data-left") == "4G"
+    # ... and the CLI writes it, as SVG and as PNG
+    for fmt in ("svg", "png"):
+        out = tmp_path / f"claims.{fmt}"
+        subprocess.run([sys.executable, "-m", "sandbox", "dra", "claims", "--kubeconfig",
+                        str(cluster.cp.kubeconfig), "-o", fmt, "--file", str(out)], cwd=REPO,
+                       capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    svg = (tmp_path / "claims.svg").read_text()
+    assert all(claim in svg and device in svg and pod in svg for claim, device, pod in want)
+    assert (tmp_path / "claims.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
