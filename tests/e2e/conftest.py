@@ -54,6 +54,8 @@ INTEL_PROFILE = REPO / "profiles" / "intel-flex-sriov.yaml"
 MIG_PROFILE = REPO / "profiles" / "mig-partitions.yaml"
 # alpha in 1.37 (off by default): the partitions cluster turns it on in every component
 MIG_FEATURE_GATES = {"DRADeviceCompatibilityGroups": True}
+SRIOV_PROFILE = REPO / "profiles" / "sriov-rdma.yaml"
+OPTIONAL_FEATURE_GATES = {"DRAOptionalNodeOperations": True}  # alpha in 1.37
 if str(REPO) not in sys.path:  # tests.thirdparty (plugin builds) when run as `pytest tests/e2e`
     sys.path.append(str(REPO))
 
@@ -259,24 +261,26 @@ class Sandboxes:
         self._api_client: Any = None
 
     def get(self, profile: Path, reference_plugin: bool = True, dra_driver: bool = False,
-            feature_gates: dict[str, bool] | None = None) -> NativeCluster:
+            feature_gates: dict[str, bool] | None = None,
+            dra_options: tuple[str, ...] = ()) -> NativeCluster:
         current = self.current
         gates = dict(feature_gates or {})
         if current is not None and (current.profile, current.runtime.reference_plugin,
-                                    current.runtime.dra_driver,
-                                    current.runtime.feature_gates) == (
-                profile, reference_plugin, dra_driver, gates):
+                                    current.runtime.dra_driver, current.runtime.feature_gates,
+                                    tuple(current.runtime.dra_options)) == (
+                profile, reference_plugin, dra_driver, gates, dra_options):
             return current
         if current is not None:
             before = footprint(current)
             self.down()
             assert before.leftovers() == [], f"down of {before.state_dir} left things behind"
-        return self._up(profile, reference_plugin, dra_driver, gates)
+        return self._up(profile, reference_plugin, dra_driver, gates, dra_options)
 
     def _up(self, profile: Path, reference_plugin: bool, dra_driver: bool = False,
-            feature_gates: dict[str, bool] | None = None) -> NativeCluster:
+            feature_gates: dict[str, bool] | None = None,
+            dra_options: tuple[str, ...] = ()) -> NativeCluster:
         runtime = NativeRuntime(feature_gates=feature_gates, reference_plugin=reference_plugin,
-                                dra_driver=dra_driver)
+                                dra_driver=dra_driver, dra_options=dra_options)
         reason = runtime.unavailable_reason()
         if reason is not None:
             pytest.fail(f"native runtime unavailable: {reason}")
@@ -352,6 +356,17 @@ def mig_cluster(sandboxes: Sandboxes) -> NativeCluster:
     (``NativeRuntime(feature_gates=...)``, what ``sandbox up --feature-gates`` sets)."""
     return sandboxes.get(MIG_PROFILE, reference_plugin=False, dra_driver=True,
                          feature_gates=MIG_FEATURE_GATES)
+
+
+@pytest.fixture
+def optional_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/sriov-rdma.yaml`` (node net-worker, SR-IOV NICs with VFs) with the reference
+    DRA driver publishing its VFs for the control plane only (``--skip-node-operations vf``,
+    what ``sandbox up --dra-skip-node-operations vf`` passes) and ``OPTIONAL_FEATURE_GATES``
+    on in every component."""
+    return sandboxes.get(SRIOV_PROFILE, reference_plugin=False, dra_driver=True,
+                         feature_gates=OPTIONAL_FEATURE_GATES,
+                         dra_options=("--skip-node-operations", "vf"))
 
 
 @pytest.fixture
