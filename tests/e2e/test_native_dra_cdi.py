@@ -19,7 +19,11 @@ What is checked, with the real scheduler, kubelet and containerd:
 2. deleting the pod unprepares both (CDI files and checkpoint entries gone, claims
    deallocated);
 3. the feature gate reached every component (each one's ``kubernetes_feature_enabled``
-   metric); ``sandbox up`` refusing bad gates and DRA options: tests/test_up_flags.py.
+   metric); ``sandbox up`` refusing bad gates and DRA options: tests/test_up_flags.py;
+4. faults reach the cluster: ``sandbox fault health … unhealthy`` of the GPU under a running
+   pod's partition claim puts a NoExecute taint on the GPU and its partitions, and the
+   controller-manager's device-taint-eviction controller evicts the pod; ``sandbox fault
+   unplug`` of a GPU takes its partitions out of the slices, ``plug`` brings them back.
 """
 
 from __future__ import annotations
@@ -288,3 +292,88 @@ def test_feature_gates_reach_every_component(cluster: NativeCluster) -> None:
             f"{component}: kubernetes_feature_enabled for {gate} is "
             f"{_metric_gate(text, gate)}, want {want}")
 
+
+# -- 4. faults on the real cluster ------------------------------------------------------------
+
+
+def _pci_of(device: dict[str, Any]) -> str:
+    return str(device["attributes"]["resource.kubernetes.io/pciBusID"]["string"])
+
+
+def _gpu_ids(cluster: NativeCluster) -> dict[str, str]:
+    """PCI address -> the profile's device id (gpu0...), from `sandbox fault list`."""
+    listed = json.loads(cluster.sandbox_cli("fault", "list", "-o", "json"))[cluster.node.name]
+    return {info["pci_address"]: name for name, info in listed.items() if info["kind"] == "gpu"}
+
+
+def _taints(cluster: NativeCluster, pci: str) -> dict[str, list[dict[str, Any]]]:
+    """Device name -> its taints, for the GPU at ``pci`` and each of its partitions."""
+    return {n: d.get("taints", []) for n, d in _devices(cluster).items() if _pci_of(d) == pci}
+
+
+def _pod_exists(cluster: NativeCluster, pod: str) -> bool:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        cluster.core.read_namespaced_pod(pod, NS)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def test_an_unhealthy_gpu_evicts_its_partitions_pod_and_unplug_takes_them_away(
+        cluster: NativeCluster) -> None:
+    node, pod, claim = cluster.node.name, "taint-victim", "taint-part"
+    _create_claim(cluster, claim, "gpu-partition.hwsandbox.dev",
+                  f'device.attributes["{DRIVER}"].profile == "{PARTITION_PROFILE}"')
+    cluster.core.create_namespaced_pod(NS, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
+        "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                 "resourceClaims": [{"name": "part", "resourceClaimName": claim}],
+                 "containers": [_container("part", "part")]},
+    })  # fmt: skip
+    ids = _gpu_ids(cluster)
+    sick = ""
+    try:
+        wait_until(f"pod {pod} to run", lambda: phase(cluster, pod) == "Running", 120,
+                   describe=lambda: events(cluster, pod) + _diagnose(cluster))
+        (result,) = _claim(cluster, claim)["status"]["allocation"]["devices"]["results"]
+        pci = _pci_of(_devices(cluster)[result["device"]])
+        sick = ids[pci]
+        assert not any(_taints(cluster, pci).values())
+
+        cluster.sandbox_cli("fault", "health", node, sick, "unhealthy", "--reason", "aer-fatal")
+        wait_until(f"a NoExecute taint on {sick} and every partition of it",
+                   lambda: all(any(t["effect"] == "NoExecute" for t in ts)
+                               for ts in _taints(cluster, pci).values()), 60,
+                   describe=lambda: str(_taints(cluster, pci)) + _diagnose(cluster))
+        assert len(_taints(cluster, pci)) > 1, "the GPU and its partitions"
+        wait_until(f"the device-taint-eviction controller to evict {pod}",
+                   lambda: not _pod_exists(cluster, pod), 90,
+                   describe=lambda: events(cluster, pod) + _log(cluster, "kube-controller-manager"))
+        assert "DeviceTaintManagerEviction" in events(cluster, pod), events(cluster, pod)
+
+        cluster.sandbox_cli("fault", "health", node, sick, "healthy")
+        wait_until(f"{sick}'s taints to go", lambda: not any(_taints(cluster, pci).values()), 60)
+        sick = ""
+
+        # Unplug a GPU nobody holds: it and its partitions leave the slices, and come back.
+        other = next(a for a in sorted(ids) if a != pci)
+        before = set(_taints(cluster, other))
+        assert len(before) > 1, before
+        cluster.sandbox_cli("fault", "unplug", node, ids[other])
+        try:
+            wait_until(f"{ids[other]}'s devices to leave the slices",
+                       lambda: not _taints(cluster, other), 60, describe=lambda: _diagnose(cluster))
+        finally:
+            cluster.sandbox_cli("fault", "plug", node, ids[other])
+        wait_until(f"{ids[other]}'s devices to come back",
+                   lambda: set(_taints(cluster, other)) == before, 60,
+                   describe=lambda: _diagnose(cluster))
+    finally:
+        if sick:
+            cluster.sandbox_cli("fault", "health", node, sick, "healthy")
+        _delete(cluster, "pod", pod)
+        _delete(cluster, "resourceclaims", claim)
