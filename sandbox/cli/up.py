@@ -129,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
         runtime = runtime_for(args.runtime)
         reason = runtime.unavailable_reason()
         if reason:
-            raise SandboxError(f"runtime {args.runtime} cannot run here: {reason}")
+            # the same words as a failed step: nothing was made yet, nothing to undo
+            raise SandboxError(f"sandbox up failed at step 'preflight': the {args.runtime} "
+                               f"runtime cannot run here: {reason}")
         print(f"runtime: {runtime.name}", file=sys.stderr)
     if gates or wants_dra:
         from sandbox.runtimes.native import NativeRuntime
