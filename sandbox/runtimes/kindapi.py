@@ -59,9 +59,7 @@ def agent_manifests(cluster: Cluster) -> list[dict[str, Any]]:
                             "command": ["python3", "-m", "sandbox", "mount", "--spec",
                                         f"{STATE_IN_NODE}/{SPEC_FILE}", "--node", node.name,
                                         ROOT_IN_NODE, "--state-dir", STATE_IN_NODE,
-                                        # the node's /dev gets stand-ins (1:3), never a
-                                        # real device number (a block 259:0 is a disk)
-                                        "--dev-dir", "/host-dev", "--dev-map", "1:3"],
+                                        "--dev-dir", "/host-dev"],
                             "env": [{"name": "HWSANDBOX_IN_NODE", "value": "1"}],
                             "securityContext": {"privileged": True},
                             "volumeMounts": [
