@@ -8,6 +8,9 @@ our NVML (sandbox/nvml, docs/nvml.md).
   gcc is missing.
 - ``nvml_env(live, log)``: the environment that points a process at our library and at
   the node's tree.
+- ``write_nvidia_image(dest)``: the image the bundled manifest names
+  (``nvcr.io/nvidia/k8s-device-plugin:v0.18.0``) as an OCI archive, made here from those
+  two binaries and the glibc they link (there is no registry).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from pathlib import Path
 import pytest
 
 from sandbox.nvml import NvmlBuildError, build
+from sandbox.runtimes._images import Layer, write_image
 from tests.thirdparty import BUILD_PLUGINS, LiveNode
 
 VERSION = "v0.18.0"
+IMAGE = f"nvcr.io/nvidia/k8s-device-plugin:{VERSION}"
 _HINT = (
     "NVIDIA's device plugin and gpu-feature-discovery are built from "
     "github.com/NVIDIA/k8s-device-plugin@{v} with cgo: they need Go >= 1.24 "
@@ -73,3 +78,33 @@ def nvml_env(live: LiveNode, log: Path | None = None, **extra: str) -> dict[str,
     if log is not None:
         env["HWSANDBOX_NVML_LOG"] = str(log)
     return env
+
+
+def _linked(binary: Path) -> dict[str, Path]:
+    """The shared objects ``binary`` links and the dynamic loader (ldd), at the paths the
+    binary asks for them: NVIDIA's programs are built with cgo."""
+    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True,
+                         timeout=60).stdout  # fmt: skip
+    files: dict[str, Path] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+            files[parts[2]] = Path(parts[2]).resolve()
+        elif parts and parts[0].startswith("/"):
+            files[parts[0]] = Path(parts[0]).resolve()
+    return files
+
+
+def write_nvidia_image(dest: Path) -> Path:
+    """NVIDIA's plugin and GFD binaries (unmodified) with the glibc they link, as the image
+    the bundled manifest names: the image is ours, the programs are NVIDIA's. No
+    libnvidia-ml.so.1 in it, as upstream (the pods mount ours)."""
+    files: dict[str, bytes | Path] = {}
+    for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
+        binary = nvidia_binary(name)
+        files[f"/usr/bin/{name}"] = binary
+        files.update(_linked(binary))
+    # the loader must be executable, as the kernel execs it
+    write_image(dest, IMAGE, Layer(files=files, executables=set(files), dirs={"/tmp", "/etc"}),
+                entrypoint=["/usr/bin/nvidia-device-plugin"])
+    return dest

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
+
+import yaml
 
 from sandbox.catalog import PLUGINS, find_plugin
 from sandbox.errors import CommandError, SandboxError
@@ -41,23 +44,59 @@ def run(args: argparse.Namespace) -> int:
         return 0
     session = find_session(args.name)
     kubeconfig = session.record.get("kubeconfig")
+    native = session.runtime == "native"
+    if native and not kubeconfig:  # the native record names none: it is in the state dir
+        kubeconfig = str(session.state_dir / "kubeconfig")
     if not kubeconfig:
         raise SandboxError(
             f"sandbox {session.name!r} runs the {session.runtime} runtime, which has no API "
             "server to deploy to; use --runtime native or kind")
-    if plugin.nvml:
-        if session.runtime != "kind":
-            raise SandboxError(
-                f"{plugin.name} runs in pods on kind (its pods load our NVML from each node); "
-                "on the native runtime run it outside a pod, as docs/nvml.md shows")
-        from sandbox.runtimes.kindapi import install_nvml
+    text = plugin.text()
+    kubectl = "kubectl"
+    if native:
+        from sandbox.runtimes.native.hostpaths import link_host_paths
 
-        for path in install_nvml(session.state_dir):
-            print(f"our NVML for the node's pods: {path}")
-    argv = ["kubectl", "--kubeconfig", str(kubeconfig), "apply", "-f", "-"]
-    result = subprocess.run(argv, input=plugin.text(), text=True, capture_output=True,
-                            check=False)
+        # the node is this host: its /var/lib/hw-sandbox/* (the manifests' hostPaths)
+        # become links to this sandbox's directories, removed by `sandbox down`
+        for link, target in link_host_paths(session.state_dir).items():
+            print(f"node path {link} -> {target}")
+        built = Path(str(session.record.get("bin_dir", ""))) / "kubectl"
+        kubectl = str(built) if built.is_file() else kubectl
+    if plugin.nvml:
+        if session.runtime == "kind":
+            from sandbox.runtimes.kindapi import install_nvml
+
+            for path in install_nvml(session.state_dir):
+                print(f"our NVML for the node's pods: {path}")
+        elif native:
+            from sandbox.runtimes.native import hostpaths
+
+            print(f"our NVML for the node's pods: {hostpaths.install_nvml(session.state_dir)}")
+            text = _native_outputs(text, hostpaths.NFD_FEATURES,
+                                   str(hostpaths.HOST_STATE / "features.d"))
+        else:
+            raise SandboxError(f"{plugin.name} needs a kind or native sandbox")
+    argv = [kubectl, "--kubeconfig", str(kubeconfig), "apply", "-f", "-"]
+    result = subprocess.run(argv, input=text, text=True, capture_output=True, check=False)
     if result.returncode != 0:
         raise CommandError(argv, result.returncode, result.stdout + result.stderr)
     sys.stdout.write(result.stdout)
     return 0
+
+
+def _native_outputs(text: str, host_path: str, instead: str) -> str:
+    """The manifest with every hostPath volume at ``host_path`` moved to ``instead``: on
+    the native runtime a pod's hostPath is the host's own, and nothing of a sandbox may be
+    left in the host's /etc."""
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    moved = 0
+    for doc in docs:
+        volumes = doc.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", [])
+        for volume in volumes:
+            if volume.get("hostPath", {}).get("path") == host_path:
+                volume["hostPath"]["path"] = instead
+                moved += 1
+    if moved == 0:
+        return text
+    print(f"node path {host_path} (gpu-feature-discovery's output) is {instead} on native")
+    return yaml.safe_dump_all(docs, sort_keys=False)

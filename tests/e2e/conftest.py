@@ -45,6 +45,7 @@ from sandbox.runtimes.native import (
     shim_pids,
 )
 from sandbox.runtimes.native import ctr as native_ctr
+from sandbox.runtimes.native.hostpaths import host_links
 from sandbox.supervisor import Proc
 from sandbox.supervisor import start_time as proc_start_time
 
@@ -113,6 +114,7 @@ class Footprint:
         for path in (layout.containerd_sock, layout.dev, self.state_dir):
             if path.exists():
                 found.append(f"{path} exists")
+        found += [f"link {p} (plugins deploy)" for p in host_links(self.state_dir)]
         return found
 
 

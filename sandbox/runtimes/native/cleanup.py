@@ -125,6 +125,7 @@ def host_cleanup(layout: Layout, record: dict[str, Any], progress: Progress) -> 
     log links, created directories. Returns what it could not remove."""
     from sandbox.agent import unmount
     from sandbox.runtimes.native.common import kubelet_root
+    from sandbox.runtimes.native.hostpaths import unlink_host_paths
 
     state_dir = layout.state
     root = Path(record.get("kubelet_root", str(kubelet_root())))
@@ -154,6 +155,7 @@ def host_cleanup(layout: Layout, record: dict[str, Any], progress: Progress) -> 
         for link in logs.iterdir():
             if link.is_symlink() and os.readlink(link).startswith(str(state_dir)):
                 link.unlink()
+    unlink_host_paths(state_dir)  # /var/lib/hw-sandbox/* that `plugins deploy` linked here
     for created in record.get("created", []):
         path = Path(created)
         if not path.is_dir() or path.is_symlink() or mounts_below(path):

@@ -166,6 +166,10 @@ class Up:
         self.progress("containerd")
         lay = self.layout
         self._share_kubelet_root()
+        # the node's tree too: containerd's copy is then a slave, as a pod's hostPath into
+        # it with HostToContainer propagation needs (bundled manifests mount
+        # /var/lib/hw-sandbox/root so, a link to it made by `sandbox plugins deploy`)
+        run(["mount", "--make-shared", str(lay.state / "node-root")])
         for d in (lay.containerd, lay.cni / "net.d", lay.cdi, lay.cdi_plugins, lay.kubelet):
             d.mkdir(parents=True, exist_ok=True)
         runc = shutil.which("runc")

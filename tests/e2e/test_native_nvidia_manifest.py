@@ -1,0 +1,144 @@
+"""The bundled manifest plugins/manifests/nvidia-device-plugin.yaml on the native runtime,
+as a user deploys it: NVIDIA's device plugin and gpu-feature-discovery v0.18.0
+(UNMODIFIED) in pods of the real kubelet and containerd, through our NVML, instead of our
+reference plugin.
+
+The image the manifest names is made here from NVIDIA's binaries and the glibc they link
+(tests/nvidia.py; there is no registry) and imported into the sandbox's containerd.
+`sandbox plugins deploy nvidia-device-plugin` then links the host's /var/lib/hw-sandbox/
+root and nvml (the manifest's hostPaths) to the sandbox's node tree and a copy of our
+NVML, and applies the manifest (gpu-feature-discovery's output moved from the host's /etc
+to /var/lib/hw-sandbox/features.d). The kubelet advertises 8/8 nvidia.com/gpu on the node
+object and a 2-GPU pod sees exactly those 2 /dev/nvidiaN. Every `down` of the session
+checks the links are gone (conftest.Footprint).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import (
+    PROFILE,
+    NativeCluster,
+    Sandboxes,
+    container_devices,
+    events,
+    phase,
+    resource_counts,
+    running_pod,
+    wait_until,
+)
+
+from sandbox.runtimes.native import bin_dir, kubelet_root
+from sandbox.runtimes.native.hostpaths import HOST_STATE
+from tests.nvidia import IMAGE, nvml_library, write_nvidia_image
+
+GPU = "nvidia.com/gpu"
+MANIFEST_NAMES = ("nvidia-device-plugin", "gpu-feature-discovery")
+
+
+@pytest.fixture
+def nvidia_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """8gpu-2numa without our reference device plugin (as tests/e2e/test_native_nvidia.py):
+    NVIDIA's is the only one."""
+    return sandboxes.get(PROFILE, reference_plugin=False)
+
+
+def _kubectl(cluster: NativeCluster, *args: str) -> str:
+    kubectl = bin_dir() / "kubectl"
+    if not kubectl.is_file():
+        pytest.fail(f"{kubectl} missing: run scripts/build-k8s", pytrace=False)
+    result = subprocess.run([str(kubectl), "--kubeconfig", str(cluster.kubeconfig), *args],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
+    return result.stdout
+
+
+def _plugin_pods(cluster: NativeCluster) -> str:
+    out = []
+    for name in MANIFEST_NAMES:
+        for p in cluster.core.list_namespaced_pod(
+                "kube-system", label_selector=f"app.kubernetes.io/name={name}").items:
+            out.append(f"{p.metadata.name}: {p.status.phase} "
+                       f"{[(c.name, c.state) for c in p.status.container_statuses or []]}")
+            out += [f"  {e.reason}: {e.message}" for e in cluster.core.list_namespaced_event(
+                "kube-system", field_selector=f"involvedObject.name={p.metadata.name}").items]
+            try:
+                out.append(str(cluster.core.read_namespaced_pod_log(
+                    p.metadata.name, "kube-system", tail_lines=30)))
+            except Exception as exc:  # noqa: BLE001 - diagnostics only
+                out.append(f"(no log: {exc})")
+    return "\n".join(out) or "no pods of the manifest"
+
+
+def _pod_log(cluster: NativeCluster, name: str) -> str:
+    if phase(cluster, name) != "Running":
+        return ""
+    return str(cluster.core.read_namespaced_pod_log(name, "default"))
+
+
+def test_bundled_manifest_brings_nvidias_plugin_to_the_node(
+        nvidia_cluster: NativeCluster, tmp_path: Path) -> None:
+    cluster = nvidia_cluster
+    archive = write_nvidia_image(tmp_path / "nvidia-device-plugin.oci.tar")
+    cluster.ctr("images", "import", str(archive))
+    assert IMAGE in cluster.ctr("images", "ls", "-q").split()
+
+    out = cluster.sandbox_cli("plugins", "deploy", "nvidia-device-plugin")
+    placed = cluster.state_dir / "nvml" / "libnvidia-ml.so.1"
+    assert f"our NVML for the node's pods: {placed}" in out, out
+    assert placed.read_bytes() == nvml_library().read_bytes()
+    for name, target in (("root", "node-root"), ("nvml", "nvml"), ("features.d", "features.d")):
+        assert os.readlink(HOST_STATE / name) == str(cluster.state_dir / target), out
+    try:
+        wait_until(f"{GPU} 8/8 on the node", lambda: resource_counts(cluster, GPU) == (8, 8),
+                   180, describe=lambda: f"{resource_counts(cluster, GPU)}\n"
+                   f"{_plugin_pods(cluster)}")
+        running = _kubectl(cluster, "-n", "kube-system", "get", "pods", "-l",
+                           "app.kubernetes.io/name=nvidia-device-plugin", "-o",
+                           "jsonpath={.items[*].status.phase}")  # fmt: skip
+        assert running == "Running", _plugin_pods(cluster)
+        assert "nvidia-gpu.sock" in os.listdir(kubelet_root() / "device-plugins")
+
+        minors = {}
+        for info in (cluster.state_dir / "node-root/proc/driver/nvidia/gpus").glob(
+                "*/information"):
+            text = info.read_text()
+            uuid = re.search(r"GPU UUID:\s*(\S+)", text)
+            minor = re.search(r"Device Minor:\s*(\d+)", text)
+            assert uuid, text
+            assert minor, text
+            minors[uuid.group(1)] = int(minor.group(1))
+        command = 'echo "visible=$NVIDIA_VISIBLE_DEVICES"; ls /dev; sleep 3600'
+        with running_pod(cluster, "nvm2", command, resources={"limits": {GPU: "2"}}):
+            given = container_devices("nvm2", GPU)
+            assert len(given) == 2, given
+            assert set(given) <= set(minors), given
+            wait_until("the pod's listing", lambda: "visible=" in _pod_log(cluster, "nvm2"),
+                       30, describe=lambda: f"events {events(cluster, 'nvm2')}")
+            listing = _pod_log(cluster, "nvm2").split()
+        (visible,) = [w for w in listing if w.startswith("visible=")]
+        assert set(visible.removeprefix("visible=").split(",")) == set(given)
+        assert sorted(n for n in listing if re.fullmatch(r"nvidia\d+", n)) == sorted(
+            f"nvidia{minors[u]}" for u in given)
+
+        # gpu-feature-discovery, from the same manifest, labels what our NVML says; its
+        # label file is in the sandbox's state dir, not the host's /etc
+        gfd = cluster.state_dir / "features.d" / "gfd"
+        wait_until("gpu-feature-discovery writes its labels",
+                   lambda: gfd.is_file() and gfd.stat().st_size > 0, 120,
+                   describe=lambda: _plugin_pods(cluster))
+        labels = gfd.read_text().splitlines()
+        for want in ("nvidia.com/gpu.count=8", "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3",
+                     "nvidia.com/gpu.memory=81920", "nvidia.com/gpu.compute.major=9"):
+            assert want in labels, labels
+    finally:
+        for name in MANIFEST_NAMES:
+            _kubectl(cluster, "-n", "kube-system", "delete", "daemonset", name,
+                     "--ignore-not-found", "--wait=true")
+        wait_until("the manifest's pods are gone", lambda: _plugin_pods(cluster)
+                   == "no pods of the manifest", 120, describe=lambda: _plugin_pods(cluster))
