@@ -45,8 +45,6 @@ def run(args: argparse.Namespace) -> int:
     session = find_session(args.name)
     kubeconfig = session.record.get("kubeconfig")
     native = session.runtime == "native"
-    if native and not kubeconfig:  # the native record names none: it is in the state dir
-        kubeconfig = str(session.state_dir / "kubeconfig")
     if not kubeconfig:
         raise SandboxError(
             f"sandbox {session.name!r} runs the {session.runtime} runtime, which has no API "

@@ -343,6 +343,10 @@ def test_an_unhealthy_gpu_evicts_its_partitions_pod_and_unplug_takes_them_away(
         pci = _pci_of(_devices(cluster)[result["device"]])
         sick = ids[pci]
         assert not any(_taints(cluster, pci).values())
+        # the workshop view finds the native sandbox's API server through its record
+        view = cluster.sandbox_cli("dra", "claims")
+        assert claim in view, view
+        assert pod in view, view
 
         cluster.sandbox_cli("fault", "health", node, sick, "unhealthy", "--reason", "aer-fatal")
         wait_until(f"a NoExecute taint on {sick} and every partition of it",

@@ -184,6 +184,9 @@ class NativeRuntime:
                 "kubelet_dir": str(root / "device-plugins"),
             }},
             "version": K8S_VERSION,
+            # the admin kubeconfig (pki step), as the kind runtime records its own: what
+            # `sandbox plugins deploy` and `sandbox dra claims` talk to the API server with
+            "kubeconfig": str(layout.kubeconfig),
             "bin_dir": str(bin_dir()),
             "ports": ports,
             "host_ip": ip,
