@@ -23,8 +23,9 @@ from pathlib import Path
 import yaml
 from hwplugins.dra.slices import TYPES
 
+from sandbox.cli.status import write_picture
 from sandbox.dra import driver_config, node_slices, quantity, read_usage
-from sandbox.draw import claims_svg, svg_to_png
+from sandbox.draw import claims_svg
 from sandbox.errors import SandboxError
 from sandbox.profile import load_profile
 from sandbox.session import find_session
@@ -95,15 +96,7 @@ def _claims(args: argparse.Namespace) -> int:
                                "or kind")
     use = read_usage(str(kubeconfig))
     if args.output in ("svg", "png"):
-        svg = claims_svg(use, title=f"DRA claims: {title}")
-        data = svg.encode() if args.output == "svg" else svg_to_png(svg)
-        if args.file:
-            args.file.write_bytes(data)
-            print(f"wrote {args.file}", file=sys.stderr)
-        elif args.output == "png" and sys.stdout.isatty():
-            raise SandboxError("refusing to write PNG to a terminal; use --file or a redirect")
-        else:
-            sys.stdout.buffer.write(data)
+        write_picture(claims_svg(use, title=f"DRA claims: {title}"), args.output, args.file)
         return 0
     if args.output == "json":
         json.dump(dataclasses.asdict(use), sys.stdout, indent=2, default=str)

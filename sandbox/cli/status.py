@@ -78,12 +78,18 @@ def run(args: argparse.Namespace) -> int:
         for n in status.nodes
     }
     svg = topology_svg(cluster.nodes, views, title=f"{status.name} ({status.runtime})")
-    data = svg.encode() if args.output == "svg" else svg_to_png(svg)
-    if args.file:
-        args.file.write_bytes(data)
-        print(f"wrote {args.file}", file=sys.stderr)
-    elif args.output == "png" and sys.stdout.isatty():
+    write_picture(svg, args.output, args.file)
+    return 0
+
+
+def write_picture(svg: str, output: str, file: Path | None) -> None:
+    """``svg`` as ``output`` ("svg" or "png") to ``file``, else to stdout (never PNG bytes to
+    a terminal)."""
+    data = svg.encode() if output == "svg" else svg_to_png(svg)
+    if file:
+        file.write_bytes(data)
+        print(f"wrote {file}", file=sys.stderr)
+    elif output == "png" and sys.stdout.isatty():
         raise SandboxError("refusing to write PNG to a terminal; use --file or a redirect")
     else:
         sys.stdout.buffer.write(data)
-    return 0
