@@ -11,16 +11,18 @@ Everything dies with the namespace."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+# the local runtime's probe, beside this file (sys.path[0] when run as a script): PID 1's
+# reaping and handing a pid on (the HTTP server's threads fork nothing to race it)
+from pid_reuse_probe import reap, take_pid
 
 from sandbox import supervisor
 from sandbox.errors import SandboxError
@@ -51,25 +53,6 @@ class _Fake(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         return None
-
-
-def reap() -> None:
-    """We are PID 1 here: the detached processes (orphans) are ours to reap."""
-    with contextlib.suppress(ChildProcessError):
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
-            pass
-
-
-def take_pid(pid: int) -> subprocess.Popen[bytes] | None:
-    """A ``sleep`` that has exactly ``pid`` (the HTTP server's threads fork nothing)."""
-    for _ in range(200):
-        Path("/proc/sys/kernel/ns_last_pid").write_text(f"{pid - 1}\n")
-        proc = subprocess.Popen(["sleep", "300"])
-        if proc.pid == pid:
-            return proc
-        proc.kill()
-        proc.wait()
-    return None
 
 
 def main() -> int:
