@@ -1,50 +1,28 @@
-"""Fault scenarios: a timeline of control calls, loaded from YAML and run against a node.
+"""Fault scenario files: reading, parsing and validating them into a ``Scenario``.
 
-    version: 1
-    seed: 7                       # for storms; default 0
-    steps:
-      - {at: 0.5, do: health, device: gpu0, health: unhealthy, reason: aer-fatal}
-      - {at: 1.0, do: unplug, device: nic0, repeat: 3, every: 2.0}
-      - {at: 1.5, do: plug, device: nic0, repeat: 3, every: 2.0}
-      - {at: 2.0, do: set-vfs, device: gpu1, num_vfs: 4}
-      - {at: 3.0, do: storm, changes: 100, over: 5.0, devices: [gpu0, gpu1],
-         ops: [health, unplug, plug]}
-      - {at: 9.0, expect: {gpu0: {plugged: true}, gpu1: {num_vfs: 4}}}
-
-``load_scenario`` validates the whole file and reports every problem at once
-(``ScenarioError``), each located like a profile problem: ``file:line:col: path: message``
-(a document given as a Python object, ``parse_scenario(doc)``, has no lines to name).
-``expand`` turns a scenario into a flat, time-sorted list of ``Action``s (pure: a storm
-is drawn from ``random.Random`` seeded by the scenario seed and the step number, so the
-same file always gives the same changes). ``run_scenario`` performs the actions through a
-``ControlClient`` at their times and returns the ``expect`` checks for the caller to
-assert on.
+``load_scenario`` (a path), ``parse_scenario_text`` (YAML text) and ``parse_scenario`` (a
+decoded document) check the whole file and report every problem at once
+(``ScenarioError``), each located like a profile problem: ``file:line:col: path: message``.
+The locations come from the YAML nodes' marks (``_construct`` records where each value and
+key starts); a document given as a Python object has no lines to name. The bounds below
+refuse a file before anything is expanded in memory or sent.
 """
 
 from __future__ import annotations
 
 import math
-import random
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeGuard
+from typing import Any, TypeGuard
 
 import yaml
 
-from sandbox.errors import ControlError, ScenarioError
-from sandbox.fakehw.live import OPS, Change, Op
+from sandbox.errors import ScenarioError
+from sandbox.fakehw.live import OPS
 from sandbox.fakehw.tree import Health, Reason
 
 ACTIONS = (*OPS, "storm")
-STORM_OPS_DEFAULT: tuple[Op, ...] = ("health", "unplug", "plug")
-STORM_HEALTH = (
-    (Health.HEALTHY, None),
-    (Health.UNHEALTHY, Reason.AER_FATAL),
-    (Health.UNHEALTHY, Reason.LINK_DOWN),
-    (Health.UNHEALTHY, Reason.PORT_DOWN),
-)
 EXPECT_KEYS = ("health", "reason", "plugged", "num_vfs")
 # Bounds: a scenario is a test plan, not a workload generator. Past these it is refused
 # before anything is expanded in memory or sent.
@@ -84,56 +62,6 @@ class Scenario:
     seed: int = 0
     source: str = "<scenario>"
 
-
-@dataclass(frozen=True)
-class Action:
-    """One thing to do at ``at`` seconds: a change, then optionally a check."""
-
-    at: float
-    step: int
-    change: Change | None
-    expect: Mapping[str, Mapping[str, Any]] | None = None
-
-
-@dataclass(frozen=True)
-class Check:
-    at: float
-    step: int
-    device: str
-    expected: Mapping[str, Any]
-    actual: Mapping[str, Any] | None
-
-    @property
-    def ok(self) -> bool:
-        return self.actual is not None and all(
-            self.actual.get(k) == v for k, v in self.expected.items()
-        )
-
-    def __str__(self) -> str:
-        verdict = "ok" if self.ok else f"FAILED, got {self.actual}"
-        return f"steps[{self.step}] at {self.at:g}s: {self.device} {dict(self.expected)}: {verdict}"
-
-
-@dataclass
-class ScenarioResult:
-    applied: list[tuple[Action, dict[str, Any]]] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def failures(self) -> list[Check]:
-        return [c for c in self.checks if not c.ok]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-
-class Client(Protocol):
-    """What the runner needs from a ``ControlClient``."""
-
-    def request(self, op: str, **fields: Any) -> dict[str, Any]: ...
-
-    def devices(self) -> dict[str, dict[str, Any]]: ...
 
 
 # -- loading ------------------------------------------------------------------------------
@@ -452,147 +380,3 @@ def _check_expect(expect: object, where: str, bad: _Problems) -> None:
                 _int(want["num_vfs"]) and 0 <= want["num_vfs"] <= MAX_VFS):
             bad(f"{w}.num_vfs", "expected an integer or null")
 
-
-# -- expanding ----------------------------------------------------------------------------
-def _change(op: str, args: Mapping[str, Any]) -> Change:
-    if op == "health":
-        h = Health(args["health"])
-        r = Reason(args["reason"]) if args.get("reason") is not None else None
-        return Change("health", args["device"], health=h, reason=r)
-    if op == "set-vfs":
-        return Change("set-vfs", args["device"], num_vfs=args["num_vfs"], port=args.get("port"))
-    if op == "unplug":
-        return Change("unplug", args["device"])
-    return Change("plug", args["device"])
-
-
-def storm(
-    rng: random.Random,
-    *,
-    start: float,
-    changes: int,
-    over: float,
-    devices: Sequence[str],
-    ops: Sequence[Op] = STORM_OPS_DEFAULT,
-    max_vfs: int = 0,
-    step: int = 0,
-) -> list[Action]:
-    """``changes`` random changes spread evenly over ``over`` seconds from ``start``."""
-    out = []
-    for k in range(changes):
-        op = rng.choice(ops)
-        device = rng.choice(devices)
-        if op == "health":
-            h, r = rng.choice(STORM_HEALTH)
-            change = Change("health", device, health=h, reason=r)
-        elif op == "set-vfs":
-            change = Change("set-vfs", device, num_vfs=rng.randint(0, max_vfs))
-        else:
-            change = Change(op, device)
-        out.append(Action(start + over * k / changes, step, change))
-    return out
-
-
-def expand(scenario: Scenario, devices: Sequence[str]) -> list[Action]:
-    """Every action of ``scenario`` in time order (stable for equal times). Pure.
-
-    ``devices`` is the node's device list, used by storms without their own."""
-    actions: list[Action] = []
-    for i, st in enumerate(scenario.steps):
-        if st.do == "storm":
-            rng = random.Random(int(st.args.get("seed", scenario.seed)) * 1_000_003 + i)
-            for r in range(st.repeat):
-                actions += storm(
-                    rng,
-                    start=st.at + r * st.every,
-                    changes=st.args["changes"],
-                    over=float(st.args.get("over", 0.0)),
-                    devices=st.args.get("devices") or list(devices),
-                    ops=st.args.get("ops") or STORM_OPS_DEFAULT,
-                    max_vfs=st.args.get("max_vfs", 0),
-                    step=i,
-                )
-            if st.expect:
-                end = st.at + (st.repeat - 1) * st.every + float(st.args.get("over", 0.0))
-                actions.append(Action(end, i, None, st.expect))
-            continue
-        for r in range(st.repeat):
-            last = r == st.repeat - 1
-            change = _change(st.do, st.args) if st.do else None
-            actions.append(Action(st.at + r * st.every, i, change, st.expect if last else None))
-    return sorted(actions, key=lambda a: a.at)
-
-
-# -- running ------------------------------------------------------------------------------
-def _request(change: Change) -> dict[str, Any]:
-    fields: dict[str, Any] = {"device": change.device}
-    if change.op == "health":
-        assert change.health is not None
-        fields["health"] = change.health.value
-        if change.reason is not None:
-            fields["reason"] = change.reason.value
-    if change.op == "set-vfs":
-        fields["num_vfs"] = change.num_vfs
-        if change.port is not None:
-            fields["port"] = change.port
-    return fields
-
-
-def apply_action(client: Client, change: Change) -> dict[str, Any]:
-    """Send one change through the client (the same request the CLI would send)."""
-    return client.request(change.op, **_request(change))
-
-
-def run_scenario(
-    scenario: Scenario,
-    client: Client,
-    *,
-    speed: float = 1.0,
-    clock: Callable[[], float] = time.monotonic,
-    sleep: Callable[[float], None] = time.sleep,
-    on_action: Callable[[Action, dict[str, Any]], None] | None = None,
-    on_wait: Callable[[Action], None] | None = None,
-    wait_slice: float = 1.0,
-) -> ScenarioResult:
-    """Perform ``scenario`` through ``client`` in real time (``speed`` 2 = twice as fast).
-
-    Stops with ScenarioError at the first change the server refuses. Expectations are
-    recorded, not raised: check ``result.ok`` / ``result.failures``. ``on_action`` is
-    called after each change; a wait for the next action is slept in slices of at most
-    ``wait_slice`` seconds, with ``on_wait(next action)`` after each (progress output)."""
-    if speed <= 0:
-        raise ScenarioError([f"{scenario.source}: speed must be > 0"])
-    try:
-        devices = sorted(client.devices())
-    except ControlError as exc:
-        raise ScenarioError([f"{scenario.source}: cannot list devices: {exc}"]) from exc
-    result = ScenarioResult()
-    t0 = clock()
-    for action in expand(scenario, devices):
-        delay = t0 + action.at / speed - clock()
-        while delay > 0:
-            if on_wait is None:
-                sleep(delay)
-                break
-            sleep(min(delay, wait_slice) if wait_slice > 0 else delay)
-            on_wait(action)
-            delay = t0 + action.at / speed - clock()
-        if action.change is not None:
-            try:
-                reply = apply_action(client, action.change)
-            except ControlError as exc:
-                where = scenario.steps[action.step].where
-                source = f"{scenario.source}:{where}" if where else scenario.source
-                raise ScenarioError(
-                    [f"{source}: steps[{action.step}] at {action.at:g}s: {exc}"]
-                ) from exc
-            result.applied.append((action, reply))
-            if on_action is not None:
-                on_action(action, reply)
-        if action.expect:
-            now = client.devices()
-            for dev, want in action.expect.items():
-                got = now.get(dev)
-                actual = got["state"] if got else None
-                result.checks.append(Check(action.at, action.step, dev, want, actual))
-    return result
