@@ -96,42 +96,17 @@ def test_dra_driver_allocates_a_mig_partition(
     sb.kubectl("delete", "pod", "mig-pod", "--wait=true")
 
 
-NVIDIA_IMAGE = "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
 NV_GPU = "nvidia.com/gpu"
-
-
-def _glibc(binary: Path) -> dict[str, Path]:
-    """The shared objects ``binary`` links (as ldd names them here) and the dynamic loader,
-    at the paths the binary asks for them: NVIDIA's programs are built with cgo."""
-    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True,
-                         check=True).stdout
-    files: dict[str, Path] = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
-            files[parts[2]] = Path(parts[2]).resolve()
-        elif parts and parts[0].startswith("/"):
-            files[parts[0]] = Path(parts[0]).resolve()
-    return files
 
 
 def _load_nvidia_image(sb: KindSandbox) -> None:
     """NVIDIA's plugin and GFD binaries (scripts/build-plugins, unmodified) with the glibc
-    they link, as the image the bundled manifest names: the image is ours (there is no
-    registry here), the programs are NVIDIA's. No libnvidia-ml.so.1 in it, as upstream."""
-    from tests.nvidia import nvidia_binary
+    they link, as the image the bundled manifest names (tests/nvidia.write_nvidia_image:
+    the image is ours, there is no registry here; the programs are NVIDIA's)."""
+    from tests.nvidia import write_nvidia_image
 
-    files: dict[str, bytes | Path] = {}
-    for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
-        binary = nvidia_binary(name)
-        files[f"/usr/bin/{name}"] = binary
-        files.update(_glibc(binary))
     with tempfile.TemporaryDirectory() as tmp:
-        archive = Path(tmp) / "nvidia-device-plugin.oci.tar"
-        write_image(archive, NVIDIA_IMAGE,
-                    # the loader must be executable, as the kernel execs it
-                    Layer(files=files, executables=set(files), dirs={"/tmp", "/etc"}),
-                    entrypoint=["/usr/bin/nvidia-device-plugin"])
+        archive = write_nvidia_image(Path(tmp) / "nvidia-device-plugin.oci.tar")
         subprocess.run(["kind", "load", "image-archive", str(archive), "--name", sb.name],
                        check=True, capture_output=True, env=sb.kenv.env, timeout=300)
 
