@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +48,7 @@ from tests.thirdparty import (
     live_node,
     plugin_binary,
     require_private_mounts,
+    running_plugin,
     short_dir,
 )
 
@@ -87,17 +87,8 @@ def intel_plugin(name: str, args: list[str], profile: str, node: str) -> Iterato
                 unset_env=["NODE_NAME"],  # no cluster to read a mode annotation from
             )  # fmt: skip
             log = base / "plugin.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-            try:
+            with running_plugin(cmd, log):
                 yield Running(live, dm, log)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
 
 
 # FPGA ------------------------------------------------------------------------------------

@@ -158,8 +158,6 @@ nodes:
 def test_intel_gpu_plugin_offers_the_intel_card_only(tmp_path: Path) -> None:
     """Intel's GPU plugin (v0.36.0, unmodified) scans /sys/class/drm: of card0 (an NVIDIA
     L40S with nvidia-drm) and card1 (an Intel Flex 170) it offers card1 alone."""
-    import subprocess
-
     from sandbox.kubelet import DeviceManager
     from tests.thirdparty import (
         KUBELET_PLUGIN_DIR,
@@ -169,6 +167,7 @@ def test_intel_gpu_plugin_offers_the_intel_card_only(tmp_path: Path) -> None:
         live_node,
         plugin_binary,
         require_private_mounts,
+        running_plugin,
         short_dir,
     )
 
@@ -187,9 +186,7 @@ def test_intel_gpu_plugin_offers_the_intel_card_only(tmp_path: Path) -> None:
              Bind(str(live.root / "sys"), "/sys"), Bind(str(live.root / "dev"), "/dev")],
         )
         log = base / "plugin.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        try:
+        with running_plugin(cmd, log):
             try:
                 snap = dm.wait_for(lambda s: s.capacity(resource) >= 1, 30, f"{resource}")
             except Exception:
@@ -197,10 +194,3 @@ def test_intel_gpu_plugin_offers_the_intel_card_only(tmp_path: Path) -> None:
                 raise
             assert {d.id for d in snap.resources[resource].devices} == {"card1-0"}
             assert not [r for r in snap.resources if "nvidia" in r]
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)

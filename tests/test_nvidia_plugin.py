@@ -12,7 +12,6 @@ tree's sys and dev and the harness directory bound there (tests/thirdparty.py).
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from tests.thirdparty import (
     in_private_mounts,
     live_node,
     require_private_mounts,
+    running_plugin,
     short_dir,
 )
 
@@ -87,18 +87,8 @@ def _run_plugin(profile: str, node: str, *flags: str) -> Iterator[PluginNode]:
                  Bind(str(live.root / "proc/driver"), "/proc/driver")],
             )  # fmt: skip
             log, nvml_log = base / "plugin.log", base / "nvml.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                        env=nvml_env(live, nvml_log))  # fmt: skip
-            try:
+            with running_plugin(cmd, log, env=nvml_env(live, nvml_log)):
                 yield PluginNode(live, dm, log, nvml_log)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
 
 
 @pytest.fixture

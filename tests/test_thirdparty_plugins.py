@@ -39,6 +39,7 @@ from tests.thirdparty import (
     live_node,
     plugin_binary,
     require_private_mounts,
+    running_plugin,
     short_dir,
 )
 
@@ -113,17 +114,8 @@ def intel_node() -> Iterator[IntelNode]:
                  Bind(str(live.root / "sys"), "/sys"), Bind(str(live.root / "dev"), "/dev")],
             )  # fmt: skip
             log = base / "plugin.log"
-            with log.open("wb") as out:
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-            try:
+            with running_plugin(cmd, log):
                 yield IntelNode(live, dm, log)
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@
   are bind-mounted over the real paths a plugin hard-codes (/sys, /dev,
   /var/lib/kubelet/device-plugins). Nothing outside that namespace changes: the real /sys
   and /dev are never written.
+- ``running_plugin(argv, log)``: ``argv`` run with its output in ``log`` for the duration
+  of a block, then stopped (SIGTERM, 10 s, SIGKILL).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,6 +134,24 @@ def in_private_mounts(
 
 def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+@contextlib.contextmanager
+def running_plugin(argv: Sequence[str], log: Path, env: Mapping[str, str] | None = None
+                   ) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` (stdout and stderr to ``log``) for the duration of the block; stop it on
+    exit: SIGTERM, up to 10 s, then SIGKILL and up to 10 s more."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 @contextlib.contextmanager

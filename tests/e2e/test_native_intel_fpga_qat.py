@@ -40,7 +40,14 @@ from conftest import (
     wait_until,
 )
 
-from tests.thirdparty import Bind, Tmpfs, in_private_mounts, plugin_binary, require_private_mounts
+from tests.thirdparty import (
+    Bind,
+    Tmpfs,
+    in_private_mounts,
+    plugin_binary,
+    require_private_mounts,
+    running_plugin,
+)
 
 FPGA_PROFILE = REPO / "profiles" / "fpga-dfl.yaml"
 QAT_PROFILE = REPO / "profiles" / "qat-vfio.yaml"
@@ -70,17 +77,8 @@ def _plugin(cluster: NativeCluster, name: str, args: list[str], log: Path
         [Tmpfs("/run"), Bind(str(root / "sys"), "/sys"), Bind(str(root / "dev"), "/dev")],
         unset_env=["NODE_NAME"],  # the FPGA plugin would look for a mode annotation
     )
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
+    with running_plugin(argv, log) as proc:
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def _log_tail(log: Path) -> str:

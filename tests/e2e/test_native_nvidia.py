@@ -14,7 +14,6 @@ takes the node's allocatable to 7 through the plugin's own Xid health check.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from conftest import (
 )
 
 from tests.nvidia import nvidia_binary, nvml_library
-from tests.thirdparty import Bind, in_private_mounts, require_private_mounts
+from tests.thirdparty import Bind, in_private_mounts, require_private_mounts, running_plugin
 
 GPU = "nvidia.com/gpu"
 
@@ -56,17 +55,10 @@ def nvidia_plugin(nvidia_cluster: NativeCluster, tmp_path: Path) -> Iterator[Pat
          Bind(str(root / "proc" / "driver"), "/proc/driver")],
     )  # fmt: skip
     log = tmp_path / "nvidia-device-plugin.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
-        yield log
+        with running_plugin(argv, log):
+            yield log
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
         print(log.read_text(errors="replace")[-3000:])
 
 

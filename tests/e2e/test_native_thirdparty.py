@@ -14,11 +14,8 @@ reference plugin) and register through the real
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,26 +37,11 @@ from tests.thirdparty import (
     in_private_mounts,
     plugin_binary,
     require_private_mounts,
+    running_plugin,
 )
 
 SAMPLE = "example.com/resource"
 INTEL_GPU = "gpu.intel.com/i915"
-
-
-@contextlib.contextmanager
-def _running(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Run a plugin for the duration of the block; stop it (SIGTERM, then SIGKILL)."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def _log_tail(log: Path) -> str:
@@ -81,7 +63,7 @@ def test_sample_device_plugin_registers_with_the_real_kubelet(
     # PLUGIN_SOCK_DIR unset: the plugin's default, the real kubelet's device-plugins dir
     argv = in_private_mounts([str(binary)], mounts, unset_env=["PLUGIN_SOCK_DIR"])
     log = tmp_path / "sample-device-plugin.log"
-    with _running(argv, log) as proc:
+    with running_plugin(argv, log) as proc:
         try:
             wait_counts(intel_cluster, SAMPLE, (2, 2))
         except BaseException:
@@ -128,7 +110,7 @@ def test_intel_gpu_plugin_on_the_real_kubelet(
          Bind(str(root / "sys"), "/sys"), Bind(str(root / "dev"), "/dev")],
     )
     log = tmp_path / "intel-gpu-plugin.log"
-    with _running(argv, log) as proc:
+    with running_plugin(argv, log) as proc:
         try:
             wait_counts(intel_cluster, INTEL_GPU, (len(cards), len(cards)))
         except BaseException:
