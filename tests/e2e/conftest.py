@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -217,6 +218,18 @@ def wait_counts(cluster: NativeCluster, resource: str, want: tuple[int, int],
                describe=lambda: f"have {resource_counts(cluster, resource)}")
 
 
+def pod_log(cluster: NativeCluster, name: str) -> str:
+    """default/``name``'s log once it runs, else ""."""
+    if phase(cluster, name) != "Running":
+        return ""
+    return str(cluster.core.read_namespaced_pod_log(name, "default"))
+
+
+def log_tail(log: Path) -> str:
+    """The end of a plugin's log file, for a failure message."""
+    return log.read_text(errors="replace")[-3000:]
+
+
 @contextlib.contextmanager
 def pod_resources() -> Iterator[Any]:
     """A ``PodResourcesLister`` stub (our own protos) on the kubelet's pod-resources socket.
@@ -252,6 +265,107 @@ def container_devices(pod: str, resource: str) -> dict[str, list[int]]:
     assert container.name == "main"
     return {dev_id: [n.ID for n in d.topology.nodes]
             for d in container.devices if d.resource_name == resource for dev_id in d.device_ids}
+
+
+NVIDIA_GPU = "nvidia.com/gpu"
+
+
+def nvidia_minors(cluster: NativeCluster) -> dict[str, int]:
+    """GPU UUID -> device minor, from the node's /proc/driver/nvidia/gpus/*/information."""
+    minors = {}
+    for info in (cluster.state_dir / "node-root/proc/driver/nvidia/gpus").glob("*/information"):
+        text = info.read_text()
+        uuid = re.search(r"GPU UUID:\s*(\S+)", text)
+        minor = re.search(r"Device Minor:\s*(\d+)", text)
+        assert uuid, text
+        assert minor, text
+        minors[uuid.group(1)] = int(minor.group(1))
+    return minors
+
+
+def check_two_gpu_pod(cluster: NativeCluster, pod: str) -> None:
+    """A pod ``pod`` asking for 2 nvidia.com/gpu is given 2 of the node's GPUs
+    (pod-resources), sees exactly their /dev/nvidiaN and has them in
+    NVIDIA_VISIBLE_DEVICES."""
+    minors = nvidia_minors(cluster)
+    command = 'echo "visible=$NVIDIA_VISIBLE_DEVICES"; ls /dev; sleep 3600'
+    with running_pod(cluster, pod, command, resources={"limits": {NVIDIA_GPU: "2"}}):
+        given = container_devices(pod, NVIDIA_GPU)
+        assert len(given) == 2, given
+        assert set(given) <= set(minors), given
+        wait_until("the pod's listing", lambda: "visible=" in pod_log(cluster, pod),
+                   30, describe=lambda: f"events {events(cluster, pod)}")
+        listing = pod_log(cluster, pod).split()
+    (visible,) = [w for w in listing if w.startswith("visible=")]
+    assert set(visible.removeprefix("visible=").split(",")) == set(given)
+    assert sorted(n for n in listing if re.fullmatch(r"nvidia\d+", n)) == sorted(
+        f"nvidia{minors[u]}" for u in given)
+
+
+# -- the reference DRA driver's API objects (test_native_dra*.py) ---------------------------
+
+DRIVER = "dra.hwsandbox.dev"
+GROUP, VERSION, NS = "resource.k8s.io", "v1", "default"
+DEVICE_CLASSES = REPO / "examples" / "dra" / "deviceclasses.yaml"
+
+
+def custom_objects(cluster: NativeCluster) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(cluster.core.api_client)
+
+
+def component_log(cluster: NativeCluster, name: str, tail: int = 40) -> str:
+    """The last ``tail`` lines of a component's log (state_dir/logs/NAME.log), headed."""
+    try:
+        text = (cluster.layout.logs / f"{name}.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return f"(no {name}.log)"
+    return f"\n--- {name}.log (tail) ---\n" + "\n".join(text.splitlines()[-tail:])
+
+
+def driver_slices(cluster: NativeCluster) -> list[dict[str, Any]]:
+    """The DRA driver's ResourceSlices for the cluster's node."""
+    items: list[dict[str, Any]] = custom_objects(cluster).list_cluster_custom_object(
+        GROUP, VERSION, "resourceslices",
+        field_selector=f"spec.nodeName={cluster.node.name},spec.driver={DRIVER}")["items"]
+    return items
+
+
+def slice_devices(cluster: NativeCluster) -> dict[str, dict[str, Any]]:
+    """Device name -> device, over ``driver_slices``."""
+    return {d["name"]: d for s in driver_slices(cluster) for d in s["spec"].get("devices", [])}
+
+
+def read_claim(cluster: NativeCluster, name: str) -> dict[str, Any]:
+    claim: dict[str, Any] = custom_objects(cluster).get_namespaced_custom_object(
+        GROUP, VERSION, NS, "resourceclaims", name)
+    return claim
+
+
+def delete_object(cluster: NativeCluster, kind: str, name: str) -> None:
+    """Delete default/``name``: a pod (``kind`` "pod") or a resource.k8s.io object of the
+    plural ``kind``; one already gone is fine."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        if kind == "pod":
+            cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+        else:
+            custom_objects(cluster).delete_namespaced_custom_object(GROUP, VERSION, NS, kind,
+                                                                    name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def gpu_minor(cluster: NativeCluster, pci: str) -> int:
+    """The NVIDIA device minor of the GPU at ``pci``, from the node's driver information."""
+    info = (cluster.state_dir / "node-root" / "proc" / "driver" / "nvidia" / "gpus" / pci
+            / "information").read_text()
+    match = re.search(r"^Device Minor:\s*(\d+)", info, re.M)
+    assert match, info
+    return int(match.group(1))
 
 
 class Sandboxes:
@@ -369,6 +483,13 @@ def optional_cluster(sandboxes: Sandboxes) -> NativeCluster:
     return sandboxes.get(SRIOV_PROFILE, reference_plugin=False, dra_driver=True,
                          feature_gates=OPTIONAL_FEATURE_GATES,
                          dra_options=("--skip-node-operations", "vf"))
+
+
+@pytest.fixture
+def nvidia_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/8gpu-2numa.yaml`` without our reference device plugin: NVIDIA's (run by
+    the test) is the only one."""
+    return sandboxes.get(PROFILE, reference_plugin=False)
 
 
 @pytest.fixture

@@ -26,7 +26,6 @@ node and the driver's env (a whole GPU and a partition in detail: test_native_dr
 from __future__ import annotations
 
 import json
-import re
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -36,40 +35,32 @@ from typing import Any
 import pytest
 import yaml
 from conftest import (
-    REPO,
+    DEVICE_CLASSES,
+    DRIVER,
+    GROUP,
+    NS,
+    VERSION,
     NativeCluster,
+    component_log,
+    custom_objects,
     default_service_account,
+    driver_slices,
     events,
+    gpu_minor,
     phase,
     pod_manifest,
+    read_claim,
     wait_until,
 )
 
 from sandbox.runtimes.native import kubelet_root, running
 
-DRIVER = "dra.hwsandbox.dev"
-GROUP, VERSION, NS = "resource.k8s.io", "v1", "default"
-DEVICE_CLASSES = REPO / "examples" / "dra" / "deviceclasses.yaml"
 HINT = ("see state_dir/logs/dra-driver.log and kubelet.log (copied to pytest's "
         "native-logs-8gpu-2numa* dir); sandbox.runtimes.native.start_dra_driver starts the "
         "driver")
 
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-def _objects(cluster: NativeCluster) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(cluster.core.api_client)
-
-
-def _log(cluster: NativeCluster, name: str, tail: int = 30) -> str:
-    try:
-        text = (cluster.layout.logs / f"{name}.log").read_text(errors="replace")
-    except FileNotFoundError:
-        return f"(no {name}.log)"
-    return f"\n--- {name}.log (tail) ---\n" + "\n".join(text.splitlines()[-tail:])
 
 
 def _kubelet_dra_lines(cluster: NativeCluster) -> str:
@@ -79,22 +70,16 @@ def _kubelet_dra_lines(cluster: NativeCluster) -> str:
 
 
 def _diagnose(cluster: NativeCluster) -> Callable[[], str]:
-    return lambda: _log(cluster, "dra-driver") + _kubelet_dra_lines(cluster) + "\n" + HINT
-
-
-def _slices(cluster: NativeCluster) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = _objects(cluster).list_cluster_custom_object(
-        GROUP, VERSION, "resourceslices",
-        field_selector=f"spec.nodeName={cluster.node.name},spec.driver={DRIVER}")["items"]
-    return items
+    return lambda: (component_log(cluster, "dra-driver", 30) + _kubelet_dra_lines(cluster)
+                    + "\n" + HINT)
 
 
 def _device_names(cluster: NativeCluster) -> set[str]:
-    return {d["name"] for s in _slices(cluster) for d in s["spec"].get("devices", [])}
+    return {d["name"] for s in driver_slices(cluster) for d in s["spec"].get("devices", [])}
 
 
 def _generation(cluster: NativeCluster) -> int:
-    return max((int(s["spec"]["pool"]["generation"]) for s in _slices(cluster)), default=0)
+    return max((int(s["spec"]["pool"]["generation"]) for s in driver_slices(cluster)), default=0)
 
 
 def _gpus(cluster: NativeCluster) -> dict[str, dict[str, Any]]:
@@ -107,30 +92,16 @@ def _dra_name(pci: str) -> str:
     return "gpu-" + pci.replace(":", "-").replace(".", "-")
 
 
-def _minor(cluster: NativeCluster, pci: str) -> int:
-    info = (cluster.state_dir / "node-root" / "proc" / "driver" / "nvidia" / "gpus" / pci
-            / "information").read_text()
-    match = re.search(r"^Device Minor:\s*(\d+)", info, re.M)
-    assert match, info
-    return int(match.group(1))
-
-
 def _ensure_device_classes(cluster: NativeCluster) -> None:
     from kubernetes.client.exceptions import ApiException
 
-    objects = _objects(cluster)
+    objects = custom_objects(cluster)
     for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
         try:
             objects.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", doc)
         except ApiException as exc:
             if exc.status != 409:  # created by an earlier test
                 raise
-
-
-def _claim(cluster: NativeCluster, name: str) -> dict[str, Any]:
-    claim: dict[str, Any] = _objects(cluster).get_namespaced_custom_object(
-        GROUP, VERSION, NS, "resourceclaims", name)
-    return claim
 
 
 def _cdi_files(cluster: NativeCluster) -> list[Path]:
@@ -163,14 +134,15 @@ class ClaimedPod:
     def __init__(self, cluster: NativeCluster, name: str, pci: str, command: str) -> None:
         self.cluster, self.name, self.pci = cluster, name, pci
         expr = f'device.attributes["resource.kubernetes.io"].pciBusID == "{pci}"'
-        _objects(cluster).create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", {
+        objects = custom_objects(cluster)
+        objects.create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", {
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
             "metadata": {"name": name},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": "gpu.hwsandbox.dev",
                 "selectors": [{"cel": {"expression": expr}}]}}]}},
         })  # fmt: skip
-        self.uid: str = _claim(cluster, name)["metadata"]["uid"]
+        self.uid: str = read_claim(cluster, name)["metadata"]["uid"]
         pod = pod_manifest(name, command, resources={"claims": [{"name": "gpu"}]})
         pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
         cluster.core.create_namespaced_pod(NS, pod)
@@ -200,7 +172,7 @@ class ClaimedPod:
 
         self.delete_pod()
         try:
-            _objects(self.cluster).delete_namespaced_custom_object(
+            custom_objects(self.cluster).delete_namespaced_custom_object(
                 GROUP, VERSION, NS, "resourceclaims", self.name)
         except ApiException as exc:
             if exc.status != 404:
@@ -211,8 +183,8 @@ class ClaimedPod:
 def cluster(dra_cluster: NativeCluster) -> Iterator[NativeCluster]:
     """The DRA cluster with its DeviceClasses, the default service account and the driver's
     slice published; the driver must still run afterwards."""
-    wait_until("the DRA driver's ResourceSlice for the node", lambda: bool(_slices(dra_cluster)),
-               60, describe=_diagnose(dra_cluster))
+    wait_until("the DRA driver's ResourceSlice for the node",
+               lambda: bool(driver_slices(dra_cluster)), 60, describe=_diagnose(dra_cluster))
     _ensure_device_classes(dra_cluster)
     wait_until("the default service account", lambda: default_service_account(dra_cluster))
     yield dra_cluster
@@ -252,11 +224,13 @@ def test_real_kubelet_registers_the_driver_and_its_slice_appears(cluster: Native
                describe=lambda: f"not in kubelet.log: {missing()}" + _diagnose(cluster)())
     # NotifyRegistrationStatus(plugin_registered=true) is what makes the driver log this.
     wait_until("NotifyRegistrationStatus(registered) from the kubelet",
-               lambda: "registered with the kubelet" in _log(cluster, "dra-driver", 10_000),
+               lambda: "registered with the kubelet" in component_log(cluster, "dra-driver",
+                                                                      10_000),
                30, describe=_diagnose(cluster))
-    assert "kubelet rejected the registration" not in _log(cluster, "dra-driver", 10_000)
+    assert "kubelet rejected the registration" not in component_log(cluster, "dra-driver",
+                                                                    10_000)
 
-    (slice_,) = _slices(cluster)  # 10 devices: one slice
+    (slice_,) = driver_slices(cluster)  # 10 devices: one slice
     spec = slice_["spec"]
     assert spec["nodeName"] == cluster.node.name == "gpu-worker"
     assert spec["pool"]["name"] == cluster.node.name
@@ -282,7 +256,7 @@ def test_claimed_gpu_is_prepared_and_unprepared_by_the_real_kubelet(
     gpus = _gpus(cluster)
     pci = gpus["gpu5"]["pci_address"]  # NUMA 1, minor 5: not the first device of anything
     device = _dra_name(pci)
-    minor = _minor(cluster, pci)
+    minor = gpu_minor(cluster, pci)
     command = ("ls /dev | grep -E '^nvidia' || echo no-nvidia-nodes; "
                "echo \"visible=$NVIDIA_VISIBLE_DEVICES\"; sleep 3600")
     claimed = ClaimedPod(cluster, "dra-gpu5", pci, command)
@@ -292,7 +266,7 @@ def test_claimed_gpu_is_prepared_and_unprepared_by_the_real_kubelet(
         assert pod.spec.node_name == cluster.node.name
 
         # The scheduler allocated exactly that GPU and reserved the claim for the pod.
-        status = _claim(cluster, claimed.name)["status"]
+        status = read_claim(cluster, claimed.name)["status"]
         (result,) = status["allocation"]["devices"]["results"]
         assert (result["driver"], result["pool"], result["device"], result["request"]) == (
             DRIVER, cluster.node.name, device, "gpu")
@@ -346,8 +320,8 @@ def test_claimed_gpu_is_prepared_and_unprepared_by_the_real_kubelet(
         assert _checkpoint(cluster) == {}
         assert _cdi_files(cluster) == []
         wait_until("the claim to be released and deallocated",
-                   lambda: not _claim(cluster, claimed.name).get("status"), 60,
-                   describe=lambda: str(_claim(cluster, claimed.name).get("status")))
+                   lambda: not read_claim(cluster, claimed.name).get("status"), 60,
+                   describe=lambda: str(read_claim(cluster, claimed.name).get("status")))
     finally:
         claimed.delete()
 

@@ -39,21 +39,28 @@ from typing import Any
 import pytest
 import yaml
 from conftest import (
+    DEVICE_CLASSES,
+    DRIVER,
+    GROUP,
     MIG_FEATURE_GATES,
-    REPO,
+    NS,
+    VERSION,
     NativeCluster,
+    component_log,
+    custom_objects,
     default_service_account,
+    delete_object,
     events,
+    gpu_minor,
     phase,
+    read_claim,
+    slice_devices,
     wait_until,
 )
 
 from sandbox.runtimes.base import read_record
 from sandbox.runtimes.native import BUSYBOX_REF, running
 
-DRIVER = "dra.hwsandbox.dev"
-GROUP, VERSION, NS = "resource.k8s.io", "v1", "default"
-DEVICE_CLASSES = REPO / "examples" / "dra" / "deviceclasses.yaml"
 PARTITION_PROFILE = "1g.10gb"
 # what a container prints: its NVIDIA device nodes with major:minor (hex), then its env
 COMMAND = ("for f in $(find /dev -name 'nvidia*' | sort); do stat -c 'node %n %t:%T' \"$f\"; "
@@ -61,47 +68,8 @@ COMMAND = ("for f in $(find /dev -name 'nvidia*' | sort); do stat -c 'node %n %t
            "echo done; sleep 3600")
 
 
-def _objects(cluster: NativeCluster) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(cluster.core.api_client)
-
-
-def _log(cluster: NativeCluster, name: str, tail: int = 40) -> str:
-    try:
-        text = (cluster.layout.logs / f"{name}.log").read_text(errors="replace")
-    except FileNotFoundError:
-        return f"(no {name}.log)"
-    return f"\n--- {name}.log (tail) ---\n" + "\n".join(text.splitlines()[-tail:])
-
-
 def _diagnose(cluster: NativeCluster) -> str:
-    return _log(cluster, "dra-driver") + _log(cluster, "containerd", 20)
-
-
-def _slices(cluster: NativeCluster) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = _objects(cluster).list_cluster_custom_object(
-        GROUP, VERSION, "resourceslices",
-        field_selector=f"spec.nodeName={cluster.node.name},spec.driver={DRIVER}")["items"]
-    return items
-
-
-def _devices(cluster: NativeCluster) -> dict[str, dict[str, Any]]:
-    return {d["name"]: d for s in _slices(cluster) for d in s["spec"].get("devices", [])}
-
-
-def _claim(cluster: NativeCluster, name: str) -> dict[str, Any]:
-    claim: dict[str, Any] = _objects(cluster).get_namespaced_custom_object(
-        GROUP, VERSION, NS, "resourceclaims", name)
-    return claim
-
-
-def _minor(cluster: NativeCluster, pci: str) -> int:
-    info = (cluster.state_dir / "node-root" / "proc" / "driver" / "nvidia" / "gpus" / pci
-            / "information").read_text()
-    match = re.search(r"^Device Minor:\s*(\d+)", info, re.M)
-    assert match, info
-    return int(match.group(1))
+    return component_log(cluster, "dra-driver") + component_log(cluster, "containerd", 20)
 
 
 def _create_claim(cluster: NativeCluster, name: str, device_class: str,
@@ -109,25 +77,13 @@ def _create_claim(cluster: NativeCluster, name: str, device_class: str,
     exactly: dict[str, Any] = {"deviceClassName": device_class}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
-    _objects(cluster).create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", {
+    objects = custom_objects(cluster)
+    objects.create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
         "metadata": {"name": name},
         "spec": {"devices": {"requests": [{"name": "dev", "exactly": exactly}]}},
     })  # fmt: skip
-    return str(_claim(cluster, name)["metadata"]["uid"])
-
-
-def _delete(cluster: NativeCluster, kind: str, name: str) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        if kind == "pod":
-            cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-        else:
-            _objects(cluster).delete_namespaced_custom_object(GROUP, VERSION, NS, kind, name)
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
+    return str(read_claim(cluster, name)["metadata"]["uid"])
 
 
 def _container(name: str, claim: str) -> dict[str, Any]:
@@ -155,11 +111,13 @@ def _output(cluster: NativeCluster, pod: str, container: str) -> tuple[dict[str,
 def cluster(mig_cluster: NativeCluster) -> NativeCluster:
     from kubernetes.client.exceptions import ApiException
 
-    wait_until("the DRA driver's ResourceSlices for the node", lambda: bool(_devices(mig_cluster)),
-               60, describe=lambda: _diagnose(mig_cluster))
+    wait_until("the DRA driver's ResourceSlices for the node",
+               lambda: bool(slice_devices(mig_cluster)), 60,
+               describe=lambda: _diagnose(mig_cluster))
     for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
         try:
-            _objects(mig_cluster).create_cluster_custom_object(GROUP, VERSION, "deviceclasses", doc)
+            custom_objects(mig_cluster).create_cluster_custom_object(GROUP, VERSION,
+                                                                     "deviceclasses", doc)
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -170,7 +128,7 @@ def cluster(mig_cluster: NativeCluster) -> NativeCluster:
 def test_whole_gpu_and_partition_claims_reach_their_containers_through_cdi(
         cluster: NativeCluster) -> None:
     host_dev_before = sorted(os.listdir("/dev"))
-    devices = _devices(cluster)
+    devices = slice_devices(cluster)
     partitions = [n for n, d in devices.items()
                   if d["attributes"]["type"] == {"string": "gpu-partition"}]
     assert partitions, f"no partitions in the slices: {sorted(devices)}"
@@ -198,7 +156,8 @@ def test_whole_gpu_and_partition_claims_reach_their_containers_through_cdi(
 
         allocated: dict[str, dict[str, Any]] = {}
         for which, claim_name in (("whole", "cdi-whole"), ("part", "cdi-part")):
-            (result,) = _claim(cluster, claim_name)["status"]["allocation"]["devices"]["results"]
+            allocation = read_claim(cluster, claim_name)["status"]["allocation"]
+            (result,) = allocation["devices"]["results"]
             assert (result["driver"], result["pool"]) == (DRIVER, cluster.node.name)
             allocated[which] = devices[result["device"]]
         whole, part = allocated["whole"], allocated["part"]
@@ -223,10 +182,10 @@ def test_whole_gpu_and_partition_claims_reach_their_containers_through_cdi(
             # exactly the claim's NVIDIA nodes, each the node's 1:3 (what up made)
             assert set(nodes) == want_nodes, f"{which}: {nodes} vs the CDI spec {want_nodes}"
             assert set(nodes.values()) == {"1:3"}, nodes
-            primary = f"/dev/nvidia{_minor(cluster, pci[which])}"
+            primary = f"/dev/nvidia{gpu_minor(cluster, pci[which])}"
             assert primary in nodes, f"{which} ({pci[which]}): {sorted(nodes)}"
             other = "part" if which == "whole" else "whole"
-            assert f"/dev/nvidia{_minor(cluster, pci[other])}" not in nodes
+            assert f"/dev/nvidia{gpu_minor(cluster, pci[other])}" not in nodes
             # the env the driver set, and nothing of the other claim's
             want_env = dict(e.split("=", 1) for e in edits["env"])
             assert env == want_env, f"{which}: {env} vs the CDI spec {want_env}"
@@ -239,7 +198,7 @@ def test_whole_gpu_and_partition_claims_reach_their_containers_through_cdi(
         assert set(checkpoint) == set(uids.values())
 
         # Pod gone -> NodeUnprepareResources for both claims, partition included.
-        _delete(cluster, "pod", pod)
+        delete_object(cluster, "pod", pod)
         wait_until("NodeUnprepareResources to remove both claims' CDI files",
                    lambda: not list(cluster.layout.cdi.glob("*.json")), 90,
                    describe=lambda: str(list(cluster.layout.cdi.glob("*.json")))
@@ -248,11 +207,11 @@ def test_whole_gpu_and_partition_claims_reach_their_containers_through_cdi(
         assert checkpoint == {}
         for claim_name in ("cdi-whole", "cdi-part"):
             wait_until(f"{claim_name} to be deallocated",
-                       lambda c=claim_name: not _claim(cluster, c).get("status"), 60)
+                       lambda c=claim_name: not read_claim(cluster, c).get("status"), 60)
     finally:
-        _delete(cluster, "pod", pod)
+        delete_object(cluster, "pod", pod)
         for claim_name in ("cdi-whole", "cdi-part"):
-            _delete(cluster, "resourceclaims", claim_name)
+            delete_object(cluster, "resourceclaims", claim_name)
     assert sorted(os.listdir("/dev")) == host_dev_before, "the host's /dev changed"
     assert running(cluster.layout, "dra-driver") is not None, "the DRA driver died"
 
@@ -308,7 +267,7 @@ def _gpu_ids(cluster: NativeCluster) -> dict[str, str]:
 
 def _taints(cluster: NativeCluster, pci: str) -> dict[str, list[dict[str, Any]]]:
     """Device name -> its taints, for the GPU at ``pci`` and each of its partitions."""
-    return {n: d.get("taints", []) for n, d in _devices(cluster).items() if _pci_of(d) == pci}
+    return {n: d.get("taints", []) for n, d in slice_devices(cluster).items() if _pci_of(d) == pci}
 
 
 def _pod_exists(cluster: NativeCluster, pod: str) -> bool:
@@ -339,8 +298,8 @@ def test_an_unhealthy_gpu_evicts_its_partitions_pod_and_unplug_takes_them_away(
     try:
         wait_until(f"pod {pod} to run", lambda: phase(cluster, pod) == "Running", 120,
                    describe=lambda: events(cluster, pod) + _diagnose(cluster))
-        (result,) = _claim(cluster, claim)["status"]["allocation"]["devices"]["results"]
-        pci = _pci_of(_devices(cluster)[result["device"]])
+        (result,) = read_claim(cluster, claim)["status"]["allocation"]["devices"]["results"]
+        pci = _pci_of(slice_devices(cluster)[result["device"]])
         sick = ids[pci]
         assert not any(_taints(cluster, pci).values())
         # the workshop view finds the native sandbox's API server through its record
@@ -356,7 +315,8 @@ def test_an_unhealthy_gpu_evicts_its_partitions_pod_and_unplug_takes_them_away(
         assert len(_taints(cluster, pci)) > 1, "the GPU and its partitions"
         wait_until(f"the device-taint-eviction controller to evict {pod}",
                    lambda: not _pod_exists(cluster, pod), 90,
-                   describe=lambda: events(cluster, pod) + _log(cluster, "kube-controller-manager"))
+                   describe=lambda: events(cluster, pod)
+                   + component_log(cluster, "kube-controller-manager"))
         assert "DeviceTaintManagerEviction" in events(cluster, pod), events(cluster, pod)
 
         cluster.sandbox_cli("fault", "health", node, sick, "healthy")
@@ -379,5 +339,5 @@ def test_an_unhealthy_gpu_evicts_its_partitions_pod_and_unplug_takes_them_away(
     finally:
         if sick:
             cluster.sandbox_cli("fault", "health", node, sick, "healthy")
-        _delete(cluster, "pod", pod)
-        _delete(cluster, "resourceclaims", claim)
+        delete_object(cluster, "pod", pod)
+        delete_object(cluster, "resourceclaims", claim)

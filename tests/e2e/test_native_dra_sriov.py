@@ -32,13 +32,24 @@ from typing import Any
 import pytest
 import yaml
 from conftest import (
+    DEVICE_CLASSES,
+    DRIVER,
+    GROUP,
+    NS,
     OPTIONAL_FEATURE_GATES,
     REPO,
+    VERSION,
     NativeCluster,
+    component_log,
+    custom_objects,
     default_service_account,
+    delete_object,
+    driver_slices,
     events,
     phase,
     pod_manifest,
+    read_claim,
+    slice_devices,
     wait_until,
 )
 
@@ -46,44 +57,10 @@ from sandbox.profile.spec import DeviceSpec
 from sandbox.runtimes.base import read_record
 from sandbox.runtimes.native import running
 
-DRIVER = "dra.hwsandbox.dev"
-GROUP, VERSION, NS = "resource.k8s.io", "v1", "default"
-DEVICE_CLASSES = REPO / "examples" / "dra" / "deviceclasses.yaml"
 EXAMPLE = REPO / "examples" / "dra" / "optional-node-operations.yaml"
 FEATURE = "DRAOptionalNodeOperations"  # the kubelet's declared feature: the gate's name
 PLURALS = {"DeviceClass": "deviceclasses", "ResourceClaim": "resourceclaims"}
 TAINT_KEY = "hwsandbox.dev/unhealthy"
-
-
-def _objects(cluster: NativeCluster) -> Any:
-    from kubernetes import client
-
-    return client.CustomObjectsApi(cluster.core.api_client)
-
-
-def _log(cluster: NativeCluster, name: str, tail: int = 40) -> str:
-    try:
-        text = (cluster.layout.logs / f"{name}.log").read_text(errors="replace")
-    except FileNotFoundError:
-        return f"(no {name}.log)"
-    return f"\n--- {name}.log (tail) ---\n" + "\n".join(text.splitlines()[-tail:])
-
-
-def _slices(cluster: NativeCluster) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = _objects(cluster).list_cluster_custom_object(
-        GROUP, VERSION, "resourceslices",
-        field_selector=f"spec.nodeName={cluster.node.name},spec.driver={DRIVER}")["items"]
-    return items
-
-
-def _devices(cluster: NativeCluster) -> dict[str, dict[str, Any]]:
-    return {d["name"]: d for s in _slices(cluster) for d in s["spec"].get("devices", [])}
-
-
-def _claim(cluster: NativeCluster, name: str) -> dict[str, Any]:
-    claim: dict[str, Any] = _objects(cluster).get_namespaced_custom_object(
-        GROUP, VERSION, NS, "resourceclaims", name)
-    return claim
 
 
 def _create(cluster: NativeCluster, doc: dict[str, Any]) -> None:
@@ -97,26 +74,13 @@ def _create(cluster: NativeCluster, doc: dict[str, Any]) -> None:
     group, version = doc["apiVersion"].split("/")
     try:
         if doc["kind"] == "DeviceClass":
-            _objects(cluster).create_cluster_custom_object(group, version, PLURALS[doc["kind"]],
-                                                           doc)
+            custom_objects(cluster).create_cluster_custom_object(group, version,
+                                                                 PLURALS[doc["kind"]], doc)
         else:
-            _objects(cluster).create_namespaced_custom_object(group, version, NS,
-                                                              PLURALS[doc["kind"]], doc)
+            custom_objects(cluster).create_namespaced_custom_object(group, version, NS,
+                                                                    PLURALS[doc["kind"]], doc)
     except ApiException as exc:
         if not (exc.status == 409 and doc["kind"] == "DeviceClass"):
-            raise
-
-
-def _delete(cluster: NativeCluster, kind: str, name: str) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        if kind == "pod":
-            cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-        else:
-            _objects(cluster).delete_namespaced_custom_object(GROUP, VERSION, NS, kind, name)
-    except ApiException as exc:
-        if exc.status != 404:
             raise
 
 
@@ -137,8 +101,8 @@ def _prepared(cluster: NativeCluster, uid: str) -> list[str]:
 @pytest.fixture
 def cluster(optional_cluster: NativeCluster) -> NativeCluster:
     wait_until("the DRA driver's ResourceSlices for the node",
-               lambda: bool(_devices(optional_cluster)), 60,
-               describe=lambda: _log(optional_cluster, "dra-driver"))
+               lambda: bool(slice_devices(optional_cluster)), 60,
+               describe=lambda: component_log(optional_cluster, "dra-driver"))
     for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
         _create(optional_cluster, doc)
     wait_until("the default service account", lambda: default_service_account(optional_cluster))
@@ -156,10 +120,11 @@ def test_a_control_plane_only_vf_runs_its_pod_without_node_prepare(
     node = json.loads(cluster.core.read_node(cluster.node.name, _preload_content=False).data)
     assert FEATURE in node["status"].get("declaredFeatures", []), node["status"]
     # The VFs, and only they, sit in slices that skip node operations.
-    slices = _slices(cluster)
+    slices = driver_slices(cluster)
     skipping = {d["name"] for s in slices if s["spec"].get("skipNodeOperations") == ["*"]
                 for d in s["spec"]["devices"]}  # fmt: skip
-    vfs = {n for n, d in _devices(cluster).items() if d["attributes"]["type"] == {"string": "vf"}}
+    vfs = {n for n, d in slice_devices(cluster).items()
+           if d["attributes"]["type"] == {"string": "vf"}}
     assert skipping == vfs, (skipping, vfs)
     assert len(vfs) == 10, vfs  # 2 ports x 4 of the ConnectX-6 Dx, 2 of the E810
 
@@ -172,10 +137,11 @@ def test_a_control_plane_only_vf_runs_its_pod_without_node_prepare(
         for doc in docs:
             _create(cluster, doc)
         wait_until(f"pod {pod} to run", lambda: phase(cluster, pod) != "Pending", 120,
-                   describe=lambda: events(cluster, pod) + _log(cluster, "dra-driver")
-                   + _log(cluster, "kubelet", 20))
-        assert phase(cluster, pod) == "Running", events(cluster, pod) + _log(cluster, "kubelet")
-        claim = _claim(cluster, claim_name)
+                   describe=lambda: events(cluster, pod) + component_log(cluster, "dra-driver")
+                   + component_log(cluster, "kubelet", 20))
+        assert phase(cluster, pod) == "Running", (events(cluster, pod)
+                                                  + component_log(cluster, "kubelet"))
+        claim = read_claim(cluster, claim_name)
         uid = claim["metadata"]["uid"]
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert (result["driver"], result["pool"]) == (DRIVER, cluster.node.name)
@@ -189,16 +155,16 @@ def test_a_control_plane_only_vf_runs_its_pod_without_node_prepare(
         assert uid not in new_log, new_log
         assert claim_name not in new_log, new_log
 
-        _delete(cluster, "pod", pod)
+        delete_object(cluster, "pod", pod)
         wait_until(f"pod {pod} gone", lambda: _gone(cluster, pod), 60)
         wait_until(f"{claim_name} to be deallocated",
-                   lambda: not _claim(cluster, claim_name).get("status"), 60)
+                   lambda: not read_claim(cluster, claim_name).get("status"), 60)
         assert _prepared(cluster, uid) == []
         new_log = driver_log.read_bytes()[log_before:].decode(errors="replace")
         assert uid not in new_log, new_log  # no NodeUnprepareResources either
     finally:
-        _delete(cluster, "pod", pod)
-        _delete(cluster, "resourceclaims", claim_name)
+        delete_object(cluster, "pod", pod)
+        delete_object(cluster, "resourceclaims", claim_name)
     assert running(cluster.layout, "dra-driver") is not None, "the DRA driver died"
 
 
@@ -232,20 +198,20 @@ def test_a_no_schedule_taint_keeps_the_running_pod_and_blocks_new_claims(
     node, nic = cluster.node.name, _roce_nic(cluster)
     pci = nic.address
     device = f"nic-{pci.replace(':', '-').replace('.', '-')}"
-    assert device in _devices(cluster), sorted(_devices(cluster))
+    assert device in slice_devices(cluster), sorted(slice_devices(cluster))
     holder, late = "share-holder", "share-late"
 
     def taints() -> list[tuple[str, str, str]]:  # (key, value, effect); timeAdded is set too
         return [(t["key"], t.get("value", ""), t["effect"])
-                for t in _devices(cluster).get(device, {}).get("taints", [])]
+                for t in slice_devices(cluster).get(device, {}).get("taints", [])]
 
     sick = False
     try:
         _nic_claim(cluster, holder, pci)
         cluster.core.create_namespaced_pod(NS, _nic_pod(holder, holder))
         wait_until(f"pod {holder} to run", lambda: phase(cluster, holder) == "Running", 120,
-                   describe=lambda: events(cluster, holder) + _log(cluster, "dra-driver"))
-        claim = _claim(cluster, holder)
+                   describe=lambda: events(cluster, holder) + component_log(cluster, "dra-driver"))
+        claim = read_claim(cluster, holder)
         (result,) = claim["status"]["allocation"]["devices"]["results"]
         assert result["device"] == device, result
         assert "skipNodeOperations" not in result, result
@@ -256,7 +222,7 @@ def test_a_no_schedule_taint_keeps_the_running_pod_and_blocks_new_claims(
         sick = True
         wait_until(f"a NoSchedule taint on {device}",
                    lambda: taints() == [(TAINT_KEY, "port-down", "NoSchedule")], 60,
-                   describe=lambda: str(taints()) + _log(cluster, "dra-driver"))
+                   describe=lambda: str(taints()) + component_log(cluster, "dra-driver"))
         # The scheduler honours it: a new claim for that NIC is not allocated ...
         _nic_claim(cluster, late, pci)
         cluster.core.create_namespaced_pod(NS, _nic_pod(late, late))
@@ -265,7 +231,7 @@ def test_a_no_schedule_taint_keeps_the_running_pod_and_blocks_new_claims(
                    describe=lambda: events(cluster, late))
         assert "cannot allocate all claims" in events(cluster, late), events(cluster, late)
         assert phase(cluster, late) == "Pending"
-        assert not _claim(cluster, late).get("status", {}).get("allocation")
+        assert not read_claim(cluster, late).get("status", {}).get("allocation")
         # ... while the pod already there keeps running: NoSchedule evicts nothing (the
         # device-taint-eviction controller acts on NoExecute at once, see
         # test_native_dra_cdi.py, and has seen this taint by now: the scheduler has).
@@ -274,7 +240,7 @@ def test_a_no_schedule_taint_keeps_the_running_pod_and_blocks_new_claims(
         assert running_pod.metadata.deletion_timestamp is None
         assert "DeviceTaintManagerEviction" not in events(cluster, holder), events(cluster, holder)
         assert all(c.ready for c in running_pod.status.container_statuses)
-        assert _claim(cluster, holder)["status"]["allocation"]["devices"]["results"][0][
+        assert read_claim(cluster, holder)["status"]["allocation"]["devices"]["results"][0][
             "device"] == device
 
         cluster.sandbox_cli("fault", "health", node, nic.id, "healthy")
@@ -288,8 +254,8 @@ def test_a_no_schedule_taint_keeps_the_running_pod_and_blocks_new_claims(
         if sick:
             cluster.sandbox_cli("fault", "health", node, nic.id, "healthy")
         for name in (late, holder):
-            _delete(cluster, "pod", name)
+            delete_object(cluster, "pod", name)
         for name in (late, holder):
             wait_until(f"pod {name} gone", lambda n=name: _gone(cluster, n), 60)
-            _delete(cluster, "resourceclaims", name)
+            delete_object(cluster, "resourceclaims", name)
 

@@ -33,7 +33,8 @@ from conftest import (
     Sandboxes,
     container_devices,
     events,
-    phase,
+    log_tail,
+    pod_log,
     resource_counts,
     running_pod,
     wait_counts,
@@ -81,21 +82,11 @@ def _plugin(cluster: NativeCluster, name: str, args: list[str], log: Path
         yield proc
 
 
-def _log_tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-3000:]
-
-
-def _pod_log(cluster: NativeCluster, pod: str) -> str:
-    if phase(cluster, pod) != "Running":
-        return ""
-    return str(cluster.core.read_namespaced_pod_log(pod, "default"))
-
-
 def _listing(cluster: NativeCluster, pod: str) -> list[str]:
     """The pod's output once it printed its END marker."""
-    wait_until(f"{pod}'s listing", lambda: "END" in _pod_log(cluster, pod), 30,
-               describe=lambda: f"log {_pod_log(cluster, pod)!r}; events {events(cluster, pod)}")
-    return _pod_log(cluster, pod).split("END")[0].split()
+    wait_until(f"{pod}'s listing", lambda: "END" in pod_log(cluster, pod), 30,
+               describe=lambda: f"log {pod_log(cluster, pod)!r}; events {events(cluster, pod)}")
+    return pod_log(cluster, pod).split("END")[0].split()
 
 
 # FPGA --------------------------------------------------------------------------------------
@@ -125,9 +116,9 @@ def test_intel_fpga_plugin_region_mode_on_the_real_kubelet(
         try:
             wait_counts(fpga_cluster, resource, (2, 2))  # one per FME
         except BaseException:
-            print(_log_tail(log))
+            print(log_tail(log))
             raise
-        assert proc.poll() is None, _log_tail(log)
+        assert proc.poll() is None, log_tail(log)
     assert "started in region mode" in log.read_text()
 
 
@@ -143,14 +134,14 @@ def test_intel_fpga_plugin_af_mode_on_the_real_kubelet(
         try:
             wait_counts(fpga_cluster, resource, (2, 2))  # one per port
         except BaseException:
-            print(_log_tail(log))
+            print(log_tail(log))
             raise
         command = "ls /dev; echo END; sleep 3600"
         with running_pod(fpga_cluster, "fpga-af", command,
                          resources={"limits": {resource: "1"}}):
             (port,) = container_devices("fpga-af", resource)
             listing = _listing(fpga_cluster, "fpga-af")
-        assert proc.poll() is None, _log_tail(log)
+        assert proc.poll() is None, log_tail(log)
     assert port in afus
     assert [n for n in listing if n.startswith("dfl-")] == [port], listing
 
@@ -169,13 +160,13 @@ def test_intel_qat_plugin_on_the_real_kubelet(qat_cluster: NativeCluster, tmp_pa
         try:
             wait_counts(qat_cluster, QAT_GENERIC, (4, 4))
         except BaseException:
-            print(_log_tail(log))
+            print(log_tail(log))
             raise
         command = "ls /dev/vfio; env | grep ^QAT; echo END; sleep 3600"
         with running_pod(qat_cluster, "qat", command,
                          resources={"limits": {QAT_GENERIC: "1"}}):
             (bdf,) = container_devices("qat", QAT_GENERIC)
             listing = _listing(qat_cluster, "qat")
-        assert proc.poll() is None, _log_tail(log)
+        assert proc.poll() is None, log_tail(log)
     assert sorted(n for n in listing if "=" not in n) == sorted([groups[bdf], "vfio"]), listing
     assert [n for n in listing if "=" in n] == [f"QAT0={bdf}"], listing

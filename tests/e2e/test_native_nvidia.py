@@ -13,33 +13,20 @@ takes the node's allocatable to 7 through the plugin's own Xid health check.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import (
-    PROFILE,
     NativeCluster,
-    Sandboxes,
-    container_devices,
-    events,
-    phase,
-    running_pod,
+    check_two_gpu_pod,
     wait_counts,
-    wait_until,
 )
 
 from tests.nvidia import nvidia_binary, nvml_library
 from tests.thirdparty import Bind, in_private_mounts, require_private_mounts, running_plugin
 
 GPU = "nvidia.com/gpu"
-
-
-@pytest.fixture
-def nvidia_cluster(sandboxes: Sandboxes) -> NativeCluster:
-    """8gpu-2numa without our reference device plugin: NVIDIA's is the only one."""
-    return sandboxes.get(PROFILE, reference_plugin=False)
 
 
 @pytest.fixture
@@ -62,36 +49,10 @@ def nvidia_plugin(nvidia_cluster: NativeCluster, tmp_path: Path) -> Iterator[Pat
         print(log.read_text(errors="replace")[-3000:])
 
 
-def _pod_log(cluster: NativeCluster, name: str) -> str:
-    if phase(cluster, name) != "Running":
-        return ""
-    return str(cluster.core.read_namespaced_pod_log(name, "default"))
-
-
 def test_nvidia_plugin_serves_the_real_kubelet(nvidia_cluster: NativeCluster,
                                                nvidia_plugin: Path) -> None:  # fmt: skip
     wait_counts(nvidia_cluster, GPU, (8, 8))
-    root = nvidia_cluster.state_dir / "node-root"
-    minors = {}
-    for info in (root / "proc/driver/nvidia/gpus").glob("*/information"):
-        text = info.read_text()
-        uuid = re.search(r"GPU UUID:\s*(\S+)", text)
-        minor = re.search(r"Device Minor:\s*(\d+)", text)
-        assert uuid, text
-        assert minor, text
-        minors[uuid.group(1)] = int(minor.group(1))
-    command = 'echo "visible=$NVIDIA_VISIBLE_DEVICES"; ls /dev; sleep 3600'
-    with running_pod(nvidia_cluster, "nv2", command, resources={"limits": {GPU: "2"}}):
-        given = container_devices("nv2", GPU)
-        assert len(given) == 2, given
-        assert set(given) <= set(minors), given
-        wait_until("the pod's listing", lambda: "visible=" in _pod_log(nvidia_cluster, "nv2"),
-                   30, describe=lambda: f"events {events(nvidia_cluster, 'nv2')}")
-        listing = _pod_log(nvidia_cluster, "nv2").split()
-    (visible,) = [w for w in listing if w.startswith("visible=")]
-    assert set(visible.removeprefix("visible=").split(",")) == set(given)
-    assert sorted(n for n in listing if re.fullmatch(r"nvidia\d+", n)) == sorted(
-        f"nvidia{minors[u]}" for u in given)
+    check_two_gpu_pod(nvidia_cluster, "nv2")
 
     nvidia_cluster.sandbox_cli("fault", "health", nvidia_cluster.node.name, "gpu3",
                                "unhealthy", "--reason", "aer-fatal")  # fmt: skip

@@ -16,20 +16,14 @@ checks the links are gone (conftest.Footprint).
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
 from conftest import (
-    PROFILE,
     NativeCluster,
-    Sandboxes,
-    container_devices,
-    events,
-    phase,
+    check_two_gpu_pod,
     resource_counts,
-    running_pod,
     wait_until,
 )
 
@@ -39,13 +33,6 @@ from tests.nvidia import IMAGE, nvml_library, write_nvidia_image
 
 GPU = "nvidia.com/gpu"
 MANIFEST_NAMES = ("nvidia-device-plugin", "gpu-feature-discovery")
-
-
-@pytest.fixture
-def nvidia_cluster(sandboxes: Sandboxes) -> NativeCluster:
-    """8gpu-2numa without our reference device plugin (as tests/e2e/test_native_nvidia.py):
-    NVIDIA's is the only one."""
-    return sandboxes.get(PROFILE, reference_plugin=False)
 
 
 def _kubectl(cluster: NativeCluster, *args: str) -> str:
@@ -75,12 +62,6 @@ def _plugin_pods(cluster: NativeCluster) -> str:
     return "\n".join(out) or "no pods of the manifest"
 
 
-def _pod_log(cluster: NativeCluster, name: str) -> str:
-    if phase(cluster, name) != "Running":
-        return ""
-    return str(cluster.core.read_namespaced_pod_log(name, "default"))
-
-
 def test_bundled_manifest_brings_nvidias_plugin_to_the_node(
         nvidia_cluster: NativeCluster, tmp_path: Path) -> None:
     cluster = nvidia_cluster
@@ -104,27 +85,7 @@ def test_bundled_manifest_brings_nvidias_plugin_to_the_node(
         assert running == "Running", _plugin_pods(cluster)
         assert "nvidia-gpu.sock" in os.listdir(kubelet_root() / "device-plugins")
 
-        minors = {}
-        for info in (cluster.state_dir / "node-root/proc/driver/nvidia/gpus").glob(
-                "*/information"):
-            text = info.read_text()
-            uuid = re.search(r"GPU UUID:\s*(\S+)", text)
-            minor = re.search(r"Device Minor:\s*(\d+)", text)
-            assert uuid, text
-            assert minor, text
-            minors[uuid.group(1)] = int(minor.group(1))
-        command = 'echo "visible=$NVIDIA_VISIBLE_DEVICES"; ls /dev; sleep 3600'
-        with running_pod(cluster, "nvm2", command, resources={"limits": {GPU: "2"}}):
-            given = container_devices("nvm2", GPU)
-            assert len(given) == 2, given
-            assert set(given) <= set(minors), given
-            wait_until("the pod's listing", lambda: "visible=" in _pod_log(cluster, "nvm2"),
-                       30, describe=lambda: f"events {events(cluster, 'nvm2')}")
-            listing = _pod_log(cluster, "nvm2").split()
-        (visible,) = [w for w in listing if w.startswith("visible=")]
-        assert set(visible.removeprefix("visible=").split(",")) == set(given)
-        assert sorted(n for n in listing if re.fullmatch(r"nvidia\d+", n)) == sorted(
-            f"nvidia{minors[u]}" for u in given)
+        check_two_gpu_pod(cluster, "nvm2")
 
         # gpu-feature-discovery, from the same manifest, labels what our NVML says; its
         # label file is in the sandbox's state dir, not the host's /etc

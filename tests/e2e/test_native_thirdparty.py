@@ -23,7 +23,8 @@ from conftest import (
     NativeCluster,
     container_devices,
     events,
-    phase,
+    log_tail,
+    pod_log,
     resource_counts,
     running_pod,
     wait_counts,
@@ -42,10 +43,6 @@ from tests.thirdparty import (
 
 SAMPLE = "example.com/resource"
 INTEL_GPU = "gpu.intel.com/i915"
-
-
-def _log_tail(log: Path) -> str:
-    return log.read_text(errors="replace")[-3000:]
 
 
 def test_sample_device_plugin_registers_with_the_real_kubelet(
@@ -67,7 +64,7 @@ def test_sample_device_plugin_registers_with_the_real_kubelet(
         try:
             wait_counts(intel_cluster, SAMPLE, (2, 2))
         except BaseException:
-            print(_log_tail(log))
+            print(log_tail(log))
             raise
         assert proc.poll() is None, "the plugin exited"
     assert "Device Plugin registered with the Kubelet" in log.read_text()
@@ -114,17 +111,18 @@ def test_intel_gpu_plugin_on_the_real_kubelet(
         try:
             wait_counts(intel_cluster, INTEL_GPU, (len(cards), len(cards)))
         except BaseException:
-            print(_log_tail(log))
+            print(log_tail(log))
             raise
         command = "ls /dev/dri; ls /dev/dri/by-path; sleep 3600"
         with running_pod(intel_cluster, "i915", command,
                          resources={"limits": {INTEL_GPU: "1"}}):
             (device_id,) = container_devices("i915", INTEL_GPU)
-            wait_until("the pod's listing", lambda: "-render" in _pod_log(intel_cluster),
-                       30, describe=lambda: f"log {_pod_log(intel_cluster)!r}; "
+            wait_until("the pod's listing",
+                       lambda: "-render" in pod_log(intel_cluster, "i915"),
+                       30, describe=lambda: f"log {pod_log(intel_cluster, 'i915')!r}; "
                                             f"events {events(intel_cluster, 'i915')}")
-            listing = _pod_log(intel_cluster).split()
-        assert proc.poll() is None, _log_tail(log)
+            listing = pod_log(intel_cluster, "i915").split()
+        assert proc.poll() is None, log_tail(log)
     card = device_id.removesuffix("-0")  # the plugin's ids: cardN-<share index>
     assert card in cards
     assert [n for n in listing if re.fullmatch(r"card\d+", n)] == [card], listing
@@ -132,9 +130,3 @@ def test_intel_gpu_plugin_on_the_real_kubelet(
     bdf = (root / "sys" / "class" / "drm" / card / "device").resolve().name
     assert f"pci-{bdf}-card" in listing, listing
     assert f"pci-{bdf}-render" in listing, listing
-
-
-def _pod_log(cluster: NativeCluster) -> str:
-    if phase(cluster, "i915") != "Running":
-        return ""
-    return str(cluster.core.read_namespaced_pod_log("i915", "default"))
