@@ -2,16 +2,16 @@
 
     python benchmarks/bench_scale.py [--gpus 8,64,256,1000] [--faults 20]
 
-For each size, a generated profile (2 NUMA nodes, one PCI host bridge per 128 GPUs) is
-served by `sandbox mount --daemon` (the real server and CLI) and gets --faults faults
-through the control socket, alternating over many GPUs: aer-fatal then healthy, unplug
-then plug. Printed per size: entries in the tree; mount time (the command returning
-once the mount serves); one fault, from sending the request until this process reads
-the new ``aer_dev_fatal`` bytes (or no longer finds the unplugged device) with os-level
-calls (median and max); the baseline, a whole ``build_tree`` of the same node measured in
-the same run (what a fault cost when the server rebuilt everything) and the ratio; and
-the server's RSS after the faults. Targets (issue 16) at 1,000 GPUs: one fault <= 20 ms
-median, RSS <= 150 MiB.
+For each size, a generated profile (benchmarks/_profiles.py: 2 NUMA nodes, one PCI host
+bridge per 128 GPUs) is served by `sandbox mount --daemon` (the real server and CLI) and
+gets --faults faults through the control socket, alternating over many GPUs: aer-fatal
+then healthy, unplug then plug. Printed per size: entries in the tree; mount time (the
+command returning once the mount serves); one fault, from sending the request until this
+process reads the new ``aer_dev_fatal`` bytes (or no longer finds the unplugged device)
+with os-level calls (median and max); the baseline, a whole ``build_tree`` of the same
+node measured in the same run (what a fault cost when the server rebuilt everything) and
+the ratio; and the server's RSS after the faults. Targets (issue 16) at 1,000 GPUs: one
+fault <= 20 ms median, RSS <= 150 MiB.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _profiles import NODE, gpu_profile
+
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.control import ControlClient
 from sandbox.fakehw.fs import FAST_MODE_AVAILABLE
@@ -34,30 +36,6 @@ from sandbox.profile import load_profile
 
 FAULT_MS = 20.0
 RSS_MIB = 150.0
-
-
-def profile_text(gpus: int) -> str:
-    bridges = max(2, -(-gpus // 128))
-    lines = [
-        "apiVersion: hwsandbox.dev/v1alpha1",
-        "kind: HardwareProfile",
-        f"metadata: {{name: scale-{gpus}}}",
-        "nodes:",
-        "  - name: big",
-        "    cpu: {sockets: 2, coresPerSocket: 16, threadsPerCore: 2}",
-        "    memory: 1Ti",
-        "    numa:",
-        "      nodes: [{id: 0}, {id: 1}]",
-        "    pci:",
-        "      hostBridges:",
-        *(f"        - {{domain: {d}, bus: 0, numaNode: {d % 2}}}" for d in range(bridges)),
-        "    devices:",
-        f"      - {{type: gpu, vendor: nvidia, model: h100-sxm5-80gb, count: {gpus // 2}, "
-        "numaNode: 0}",
-        f"      - {{type: gpu, vendor: nvidia, model: h100-sxm5-80gb, count: {gpus - gpus // 2}, "
-        "numaNode: 1}",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def read(path: Path) -> bytes | None:
@@ -88,8 +66,8 @@ def rss_mib(pid: int) -> float:
 
 def measure(gpus: int, faults: int, work: Path) -> dict[str, float]:
     profile = work / f"scale-{gpus}.yaml"
-    profile.write_text(profile_text(gpus))
-    node = load_profile(profile).cluster.node("big")
+    profile.write_text(gpu_profile(gpus))
+    node = load_profile(profile).cluster.node(NODE)
     assert node is not None
     build_tree(node)  # warm the node's static part, as the server has
     t0 = time.perf_counter()
@@ -104,7 +82,7 @@ def measure(gpus: int, faults: int, work: Path) -> dict[str, float]:
     root, state = work / f"root-{gpus}", work / f"state-{gpus}"
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "sandbox", "mount", str(profile), "--node", "big", str(root),
+        [sys.executable, "-m", "sandbox", "mount", str(profile), "--node", NODE, str(root),
          "--daemon", "--state-dir", str(state), "--pid-file", str(work / f"pid-{gpus}")],
         check=True, capture_output=True,
     )  # fmt: skip
