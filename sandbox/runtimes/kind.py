@@ -417,6 +417,27 @@ class _KindUp:
         self.runtime._wait_plugins(api, self.cluster, self.progress)
 
 
+def _node_volumes(cluster: str) -> dict[str, Path]:
+    """The Docker volumes of ``cluster``'s node containers: name -> host path."""
+    containers = docker_client().containers.list(
+        all=True, filters={"label": f"io.x-k8s.kind.cluster={cluster}"})
+    return {m["Name"]: Path(m["Source"]) for c in containers for m in c.attrs.get("Mounts", [])
+            if m.get("Type") == "volume" and m.get("Name") and m.get("Source")}
+
+
+def _unmount(mounts: list[str]) -> None:
+    """Lazily unmount each of ``mounts`` (deepest first); SandboxError naming any that
+    stays mounted."""
+    problems = []
+    for mount in mounts:
+        result = subprocess.run(["umount", "-l", mount], capture_output=True, text=True,
+                                check=False)
+        if result.returncode != 0 and os.path.ismount(mount):
+            problems.append(f"cannot unmount {mount}: {result.stderr.strip()}")
+    if problems:
+        raise SandboxError("; ".join(problems))
+
+
 def _steps(state_dir: Path, progress: Progress, up: _KindUp | None = None) -> list[Step]:
     """``up``'s steps (with their ``do``s when given a ``_KindUp``); ``down`` undoes the
     same list: deleting the cluster removes the agents and plugins with it."""
@@ -424,8 +445,18 @@ def _steps(state_dir: Path, progress: Progress, up: _KindUp | None = None) -> li
     def delete_cluster() -> None:
         record = read_record(state_dir) or {}
         if record.get("kind_cluster"):
+            volumes = _node_volumes(record["kind_cluster"])
             progress(f"deleting kind cluster {record['kind_cluster']}")
             run_cli(["kind", "delete", "cluster", "--name", record["kind_cluster"]], "down")
+            # What the nodes' kubelets mounted below their /var volume (pods' projected
+            # service-account tmpfs) surfaced on the host through the nodes' shared
+            # propagation and outlives the nodes; it kept Docker from removing the
+            # volumes with them, so they go now.
+            _unmount([m for v in volumes.values() for m in _mounts_under(v)])
+            client = docker_client()
+            for volume in volumes:
+                with contextlib.suppress(Exception):  # removed with its container after all
+                    client.volumes.get(volume).remove()
         if record.get("network"):
             with contextlib.suppress(Exception):
                 docker_client().networks.get(record["network"]).remove()
@@ -433,14 +464,7 @@ def _steps(state_dir: Path, progress: Progress, up: _KindUp | None = None) -> li
     def unmount_all() -> None:
         # The nodes' FUSE mounts propagated here (their servers died with the nodes), and
         # the shared bind mount the config step made.
-        problems = []
-        for mount in _mounts_under(state_dir):
-            result = subprocess.run(["umount", "-l", mount], capture_output=True, text=True,
-                                    check=False)
-            if result.returncode != 0 and os.path.ismount(mount):
-                problems.append(f"cannot unmount {mount}: {result.stderr.strip()}")
-        if problems:
-            raise SandboxError("; ".join(problems))
+        _unmount(_mounts_under(state_dir))
 
     steps = [Step("preflight"), Step("config", undo=unmount_all),
              Step("cluster", undo=delete_cluster), Step("agent")]
