@@ -172,9 +172,20 @@ def _slices(api: client.CustomObjectsApi) -> list[dict[str, Any]]:
     return items
 
 
+def _published(setup: Setup) -> list[dict[str, Any]]:
+    """The driver's slices of NODE once one of them lists the NIC (it writes its slices
+    one by one: the first may be listed before the NIC's is)."""
+    def nic_listed() -> list[dict[str, Any]]:
+        slices = _slices(setup.admin)
+        found = any(d["name"] == NIC for s in slices for d in s["spec"].get("devices", []))
+        return slices if found else []
+
+    slices: list[dict[str, Any]] = setup.wait(f"the driver's slices listing {NIC}", nic_listed)
+    return slices
+
+
 def test_the_driver_publishes_its_own_nodes_slices_only(setup: Setup) -> None:
-    slices = setup.wait("the driver's slices", lambda: _slices(setup.admin))
-    assert any(d["name"] == NIC for s in slices for d in s["spec"].get("devices", []))
+    slices = _published(setup)
     forged = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceSlice",
               "metadata": {"name": "forged"},
               "spec": {"driver": DRIVER, "nodeName": NODE, "devices": [],
@@ -193,7 +204,7 @@ def test_the_driver_publishes_its_own_nodes_slices_only(setup: Setup) -> None:
 
 
 def test_status_devices_only_from_the_claims_node(setup: Setup) -> None:
-    setup.wait("the driver's slices", lambda: _slices(setup.admin))
+    _published(setup)
     claim = setup.admin.create_namespaced_custom_object(GROUP, VERSION, NS, "resourceclaims", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ResourceClaim",
         "metadata": {"name": "nic"},
