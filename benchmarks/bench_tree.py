@@ -65,7 +65,7 @@ def generated_profile(devices: int = 1000) -> str:
     spread("amd", "type: gpu, vendor: amd, model: mi300x")
     spread("intel", "type: gpu, vendor: intel, model: flex-170")
     spread("nic", "type: nic, vendor: mellanox, model: connectx-7, "
-                  "sriov: {totalVFs: 4, numVFs: 2}")
+                  "sriov: {totalVFs: 2, numVFs: 2}")
     spread("fpga", "type: fpga, vendor: intel, model: pac-a10")
     spread("generic", "type: generic, name: acc, vendorId: 0x1d0f, deviceId: 0xcd01, "
                       "classCode: 0x120000, driver: vfio-pci")
