@@ -59,6 +59,9 @@ def test_up_refuses_bad_syntax(tmp_path: Path, profile: Path, args: list[str],
      "--feature-gates needs --runtime native (not auto"),
     (MIG_PROFILE, ["--runtime", "local", "--dra-driver"],
      "the --dra-* options need --runtime native (not local"),
+    (MIG_PROFILE, ["--runtime", "local", "--no-device-plugin"],
+     "--no-device-plugin needs the kind or native runtime (the local runtime is our device "
+     "plugin and a kubelet harness"),
     # an alpha driver option without its gate: the API server would drop the fields
     (MIG_PROFILE, [*NATIVE, "--dra-compatibility-groups"],
      "--dra-compatibility-groups needs the DRADeviceCompatibilityGroups feature gate: "

@@ -39,6 +39,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--name", help="sandbox name (default: the profile's metadata.name)")
     p.add_argument("--retain", action="store_true",
                    help="on failure keep what was made, for debugging")
+    p.add_argument("--no-device-plugin", action="store_true",
+                   help="serve the fake hardware but run no reference device plugin (kind "
+                   "and native runtimes), so that a third-party plugin you deploy next "
+                   "(`sandbox plugins deploy nvidia-device-plugin`) is the only one "
+                   "advertising it")
     p.add_argument("--feature-gates", metavar="A=true,B=false", type=parse_feature_gates,
                    help="Kubernetes feature gates for every component (native runtime only: "
                    "kube-apiserver, controller-manager, scheduler, kubelet), e.g. "
@@ -58,6 +63,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      f"only ({', '.join(DRA_DEVICE_TYPES)}): no NodePrepare/Unprepare (needs "
                      "--feature-gates DRAOptionalNodeOperations=true)")
     p.set_defaults(func=run)
+
+
+_NO_PLUGIN_LOCAL = ("--no-device-plugin needs the kind or native runtime (the local runtime "
+                    "is our device plugin and a kubelet harness, nothing else would run)")
 
 
 def parse_device_types(text: str) -> list[str]:
@@ -120,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         what = "--feature-gates needs" if gates else "the --dra-* options need"
         raise SandboxError(f"{what} --runtime native (not {args.runtime}: only the native "
                            "runtime runs its own Kubernetes components)")
+    if args.no_device_plugin and args.runtime == "local":
+        raise SandboxError(_NO_PLUGIN_LOCAL)
     loaded = load_profile(args.profile)
     name = args.name or loaded.cluster.name
     if args.runtime == "auto":
@@ -133,6 +144,13 @@ def run(args: argparse.Namespace) -> int:
             raise SandboxError(f"sandbox up failed at step 'preflight': the {args.runtime} "
                                f"runtime cannot run here: {reason}")
         print(f"runtime: {runtime.name}", file=sys.stderr)
+    if args.no_device_plugin:
+        from sandbox.runtimes.kind import KindRuntime
+        from sandbox.runtimes.native import NativeRuntime
+
+        if not isinstance(runtime, KindRuntime | NativeRuntime):  # auto chose local
+            raise SandboxError(_NO_PLUGIN_LOCAL)
+        runtime.reference_plugin = False
     if gates or wants_dra:
         from sandbox.runtimes.native import NativeRuntime
 

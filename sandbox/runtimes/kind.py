@@ -151,6 +151,10 @@ def _mounts_under(path: Path) -> list[str]:
 
 class KindRuntime:
     name = "kind"
+    # False (`sandbox up --no-device-plugin`): the agent serves the fake hardware, and no
+    # DaemonSet of our device plugin is made: a third-party plugin deployed next is the
+    # only one advertising it
+    reference_plugin = True
 
     def node_image(self) -> tuple[str, bool]:
         """(image, present locally): SANDBOX_KIND_IMAGE, else our built one if present,
@@ -409,12 +413,17 @@ class _KindUp:
         api = api_client(self.kubeconfig)
         if self.facts.minimal:
             scale_coredns_to_zero(api)
-        self.progress("deploying the fake-hardware agent and the reference device plugin")
+        plugin = self.runtime.reference_plugin
+        self.progress("deploying the fake-hardware agent " + (
+            "and the reference device plugin" if plugin else
+            "(no device plugin: --no-device-plugin)"))
         create(api, agent_manifests(self.cluster), "agent")
-        create(api, list(yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text())),
-               "plugins")
+        if plugin:
+            create(api, list(yaml.safe_load_all(
+                find_plugin("hw-sandbox-device-plugin").text())), "plugins")
         self.runtime._wait_agents(api, self.cluster, self.state_dir, self.progress)
-        self.runtime._wait_plugins(api, self.cluster, self.progress)
+        if plugin:
+            self.runtime._wait_plugins(api, self.cluster, self.progress)
 
 
 def _node_volumes(cluster: str) -> dict[str, Path]:

@@ -117,11 +117,12 @@ def test_nvidia_device_plugin_in_a_pod(sandbox_factory: Callable[..., KindSandbo
     own Xid health check."""
     from tests.nvidia import nvml_library
 
-    sb = sandbox_factory("8gpu-2numa.yaml", "hwsb-e2e-nvidia")
-    sb.kubectl("-n", "kube-system", "delete", "daemonset", "hw-sandbox-device-plugin",
-               "--wait=true")
-    sb.wait_for("the reference plugin's GPUs are gone",
-                lambda: sb.resource("gpu-worker", NV_GPU)[1] == 0, timeout=120)
+    # without our reference plugin (test_intel_gpu_plugin_advertises_i915 deletes its
+    # DaemonSet instead): nothing advertises the GPUs until NVIDIA's plugin does
+    sb = sandbox_factory("8gpu-2numa.yaml", "hwsb-e2e-nvidia", "--no-device-plugin")
+    daemonsets = sb.kubectl("-n", "kube-system", "get", "daemonsets", "-o", "name").split()
+    assert "daemonset.apps/hw-sandbox-device-plugin" not in daemonsets, daemonsets
+    assert sb.resource("gpu-worker", NV_GPU) == (0, 0)
     _load_nvidia_image(sb)
     out = sb.sandbox("plugins", "deploy", "nvidia-device-plugin", "--name", sb.name).stdout
     # deploy put our NVML where the manifest mounts it from: the node's

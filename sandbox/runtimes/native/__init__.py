@@ -109,6 +109,11 @@ __all__ = [
 FAILED_LOGS_MARKER = ".hw-sandbox-failed-logs"
 
 
+# containerd refuses a unix socket path longer than this (its ttrpc socket is the longest
+# under the state dir)
+MAX_SOCKET_PATH = 104
+
+
 class NativeRuntime:
     """Real etcd, kube-apiserver, controller-manager, scheduler, containerd and kubelet."""
 
@@ -166,6 +171,12 @@ class NativeRuntime:
             progress(f"native runtime runs only the first node ({node.name}); "
                      f"ignoring {len(cluster.nodes) - 1} more")
         layout = Layout(state_dir)
+        longest = f"{layout.containerd_sock}.ttrpc"
+        if len(longest) > MAX_SOCKET_PATH:
+            raise RuntimeBackendError(
+                "check", f"the state dir {state_dir} is too deep for containerd's sockets "
+                f"({longest} has {len(longest)} characters, at most {MAX_SOCKET_PATH}): set "
+                "HWSANDBOX_STATE_DIR to a shorter directory")
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         root = kubelet_root()
         ip = host_ip()

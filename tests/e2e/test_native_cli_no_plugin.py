@@ -1,0 +1,74 @@
+"""`sandbox up --runtime native --no-device-plugin`, as a user runs it before deploying a
+third-party plugin: the node serves its fake hardware and is Ready, but nothing advertises
+it (no reference plugin socket, no ``nvidia.com/gpu`` on the node) until that plugin comes;
+`sandbox down` removes it all.
+
+The real CLI in a state root of its own; the session's shared cluster is taken down first
+(one native cluster at a time: it owns /var/lib/kubelet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import PROFILE, Sandboxes, footprint
+
+from sandbox.runtimes.native import bin_dir, kubelet_root
+from tests.thirdparty import short_dir
+
+NAME = "cli-no-plugin"
+
+
+def _sandbox(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sandbox", *args], capture_output=True,
+                          text=True, timeout=600, check=False, env=env)  # fmt: skip
+
+
+def test_up_without_the_reference_plugin(sandboxes: Sandboxes, tmp_path: Path) -> None:
+    if sandboxes.current is not None:
+        before = footprint(sandboxes.current)
+        sandboxes.down()
+        assert before.leftovers() == [], f"down of {before.state_dir} left things behind"
+    # a state root too deep for containerd's sockets is refused before anything is made
+    deep = tmp_path / ("d" * 60)
+    refused = _sandbox(dict(os.environ, HWSANDBOX_STATE_DIR=str(deep)), "up", str(PROFILE),
+                       "--runtime", "native", "--name", NAME)
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "error: sandbox up failed at step 'check': the state dir "), refused.stderr
+    assert "too deep for containerd's sockets" in refused.stderr, refused.stderr
+    assert not (deep / NAME).exists()
+    with short_dir("cli-") as root:
+        _up_without_the_plugin(root)
+
+
+def _up_without_the_plugin(root: Path) -> None:
+    env = dict(os.environ, HWSANDBOX_STATE_DIR=str(root))
+    up = _sandbox(env, "up", str(PROFILE), "--runtime", "native", "--no-device-plugin",
+                  "--name", NAME)
+    try:
+        assert up.returncode == 0, up.stderr
+        kubeconfig = root / NAME / "kubeconfig"
+        node = json.loads(subprocess.run(
+            [str(bin_dir() / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "node",
+             "gpu-worker", "-o", "json"], capture_output=True, text=True, check=True,
+            timeout=60).stdout)  # fmt: skip
+        ready = [c["status"] for c in node["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready == ["True"], node["status"]["conditions"]
+        assert "nvidia.com/gpu" not in node["status"]["capacity"], node["status"]["capacity"]
+        sockets = sorted(p.name for p in (kubelet_root() / "device-plugins").iterdir())
+        assert sockets == ["kubelet.sock"], sockets
+        # the fake hardware is there for a plugin to find
+        nvidia = root / NAME / "node-root" / "sys" / "bus" / "pci" / "drivers" / "nvidia"
+        assert len([p for p in nvidia.iterdir() if p.name.startswith("0000:")]) == 8
+        status = _sandbox(env, "status", "--name", NAME)
+        assert status.returncode == 0, status.stderr
+        assert "gpu-worker" in status.stdout, status.stdout
+    finally:
+        down = _sandbox(env, "down", "--name", NAME)
+    assert down.returncode == 0, down.stderr
+    assert not (root / NAME).exists()
