@@ -85,6 +85,17 @@ def patched_pyfuse3() -> Path | None:
     return wheels[-1] if wheels else None
 
 
+# Parts of the dependencies nothing in the image imports, left out of the layer: the
+# kubernetes client's asyncio copy (40 MB of its 74; `import kubernetes` never loads it)
+# and its tests. Every node unpacks the image while kubeadm runs: each MB costs there.
+_LEFT_OUT = ("kubernetes/aio/", "kubernetes/e2e_test/", "kubernetes/test/")
+
+
+def _left_out(relative: str) -> bool:
+    return relative.startswith(_LEFT_OUT) or (
+        relative.startswith("kubernetes/") and relative.endswith("_test.py"))
+
+
 def deps_layer(progress: Progress) -> Path:
     """Layer 2: the dependencies under /opt/hw-sandbox/site, as a deterministic tar."""
     _check_python()
@@ -94,7 +105,7 @@ def deps_layer(progress: Progress) -> Path:
     if wheel is not None:  # instead of building the unpatched sdist from PyPI
         reqs = [r for r in reqs if not r.lower().startswith("pyfuse3")] + [str(wheel)]
         keyed = reqs[:-1] + [hashlib.sha256(wheel.read_bytes()).hexdigest()]
-    key = hashlib.sha256("\n".join(keyed).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join([*keyed, *_LEFT_OUT]).encode()).hexdigest()[:12]
     out = cache_root() / "agent-image" / f"deps-py311-{key}.tar"
     if out.is_file():
         return out
@@ -111,7 +122,8 @@ def deps_layer(progress: Progress) -> Path:
                                       f"failed: {tail}")
         files = {f"{SITE}/{p.relative_to(target).as_posix()}": p
                  for p in sorted(target.rglob("*"))
-                 if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts}
+                 if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts
+                 and not _left_out(p.relative_to(target).as_posix())}
         partial = Path(tmp) / "layer.tar"
         partial.write_bytes(files_layer(dict(files)))
         partial.replace(out)
