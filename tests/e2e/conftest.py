@@ -386,10 +386,7 @@ class Sandboxes:
                                     tuple(current.runtime.dra_options)) == (
                 profile, reference_plugin, dra_driver, gates, dra_options):
             return current
-        if current is not None:
-            before = footprint(current)
-            self.down()
-            assert before.leftovers() == [], f"down of {before.state_dir} left things behind"
+        self.release()
         return self._up(profile, reference_plugin, dra_driver, gates, dra_options)
 
     def _up(self, profile: Path, reference_plugin: bool, dra_driver: bool = False,
@@ -426,6 +423,14 @@ class Sandboxes:
         )
         return self.current
 
+    def release(self) -> None:
+        """Take the current cluster (if any) down and check it left nothing behind."""
+        if self.current is None:
+            return
+        before = footprint(self.current)
+        self.down()
+        assert before.leftovers() == [], f"down of {before.state_dir} left things behind"
+
     def down(self) -> None:
         cluster, self.current = self.current, None
         if cluster is None:
@@ -444,11 +449,7 @@ def sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandboxes]:
     try:
         yield boxes
     finally:
-        last = boxes.current
-        before = footprint(last) if last is not None else None
-        boxes.down()
-        if before is not None:
-            assert before.leftovers() == [], f"down of {before.state_dir} left things behind"
+        boxes.release()
 
 
 @pytest.fixture
