@@ -3,9 +3,9 @@
 Every runtime runs this once per node replica: the local and native runtimes as a host
 process, kind as a privileged DaemonSet pod inside the node container. Optionally it also
 creates the node's device nodes in a directory of real device nodes (what a container
-runtime stats when a plugin's Allocate names them), every one mapped onto a harmless
-character major:minor (1:3, /dev/null) unless asked otherwise (then block nodes are block
-devices with their own numbers); they are removed again on exit.
+runtime stats when a plugin's Allocate names them), as ``sandbox.fakehw.devnodes`` says
+(a harmless memory device, never a tree's own number); they, and the directories made
+for them, are removed again on exit.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from sandbox import supervisor
 from sandbox.errors import MountError, SandboxError
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.control import ControlPaths
-from sandbox.fakehw.fs import DEFAULT_DEV_MAP, serve
+from sandbox.fakehw.devnodes import is_ours, real_node
+from sandbox.fakehw.fs import serve
 from sandbox.fakehw.mountroot import check_mount_root
 from sandbox.fakehw.tree import (
-    BlockDevice,
     DeviceNode,
     DeviceState,
     Health,
@@ -74,15 +74,6 @@ def device_nodes(tree: Tree) -> Iterator[tuple[str, DeviceNode]]:
             yield path[len("dev/"):], entry
 
 
-def node_type(dev: DeviceNode, dev_map: tuple[int, int] | None) -> tuple[int, int]:
-    """(file type, rdev) of the node we create for ``dev``: the stand-in CHARACTER device
-    when there is a map (a block 1:3 would be /dev/ram3), else its own type and number."""
-    if dev_map is not None:
-        return stat.S_IFCHR, os.makedev(*dev_map)
-    ftype = stat.S_IFBLK if isinstance(dev, BlockDevice) else stat.S_IFCHR
-    return ftype, os.makedev(dev.major, dev.minor)
-
-
 def _check_dev_dir(dev_dir: Path) -> None:
     real = dev_dir.resolve()
     if real == Path("/dev") or Path("/dev") in real.parents:
@@ -117,10 +108,10 @@ def _open_dir(top: int, parts: list[str], create: bool) -> int:
     return fd
 
 
-def create_device_nodes(tree: Tree, dev_dir: Path,
-                        dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP) -> list[str]:
-    """mknod the tree's device nodes under ``dev_dir``; returns the ones it created
-    (relative paths), which is all ``remove_device_nodes`` will ever remove."""
+def create_device_nodes(tree: Tree, dev_dir: Path) -> list[str]:
+    """mknod the tree's device nodes under ``dev_dir`` as ``devnodes.real_node`` says;
+    returns what it created (relative paths, directories with a trailing ``/``, parents
+    first), which is all ``remove_device_nodes`` will ever remove."""
     _check_dev_dir(dev_dir)
     made: list[str] = []
     try:
@@ -131,62 +122,80 @@ def create_device_nodes(tree: Tree, dev_dir: Path,
     except OSError as exc:
         raise SandboxError(f"{dev_dir}: cannot open: {exc.strerror}") from exc
     try:
-        _make_nodes(tree, top, dev_dir, dev_map, made)
+        _make_nodes(tree, top, dev_dir, made)
     except BaseException:
-        remove_device_nodes(made, dev_dir, dev_map)
+        remove_device_nodes(made, dev_dir)
         raise
     finally:
         os.close(top)
     return made
 
 
-def _make_nodes(tree: Tree, top: int, dev_dir: Path, dev_map: tuple[int, int] | None,
-                made: list[str]) -> None:
+def _make_parents(top: int, parents: list[str], made: list[str]) -> int:
+    """An fd of the directory ``parents`` below ``top``, made where missing (recorded in
+    ``made`` so that teardown removes them); no symlink followed."""
+    fd = os.dup(top)
+    try:
+        for i, part in enumerate(parents):
+            check_component(part)
+            try:
+                os.mkdir(part, 0o755, dir_fd=fd)
+                made.append("/".join(parents[:i + 1]) + "/")
+            except FileExistsError:
+                pass
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _make_nodes(tree: Tree, top: int, dev_dir: Path, made: list[str]) -> None:
     for rel, dev in device_nodes(tree):
         *parents, name = rel.split("/")
-        ftype, rdev = node_type(dev, dev_map)
+        ftype, rdev, mode = real_node(dev)
         try:
-            parent = _open_dir(top, parents, create=True)
+            parent = _make_parents(top, parents, made)
         except (OSError, ValueError) as exc:
             raise SandboxError(f"{dev_dir}/{rel}: cannot make its directory: {exc}") from exc
         try:
             check_component(name)
             try:
-                os.mknod(name, ftype | (dev.mode & 0o777), rdev, dir_fd=parent)
+                # the umask applies: never wider than the policy's mode
+                os.mknod(name, ftype | mode, rdev, dir_fd=parent)
             except FileExistsError:
                 st = os.stat(name, dir_fd=parent, follow_symlinks=False)
                 if stat.S_IFMT(st.st_mode) == ftype and st.st_rdev == rdev:
-                    continue  # left by an earlier run of ours: same node, keep it
+                    continue  # the node's own (its /dev/null) or an earlier run's: keep it
                 raise SandboxError(
                     f"{dev_dir}/{rel}: exists and is not the device we would create"
                 ) from None
-            os.chmod(name, dev.mode & 0o777, dir_fd=parent)  # mknod applied the umask
             made.append(rel)
         finally:
             os.close(parent)
 
 
-def remove_device_nodes(made: Sequence[str], dev_dir: Path,
-                        dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP) -> None:
-    """Unlink what ``create_device_nodes`` made, if it is still a device node: with a map,
-    a character device of the mapped major:minor; without, a character or block device.
-    Never follows a symlink out of ``dev_dir``."""
+def remove_device_nodes(made: Sequence[str], dev_dir: Path) -> None:
+    """Unlink what ``create_device_nodes`` made, if it is still a node the policy makes,
+    then the directories it made, if empty (deepest first). Never follows a symlink out
+    of ``dev_dir``."""
     try:
         top = os.open(dev_dir, _DIR_FLAGS)
     except OSError:
         return
     try:
-        for rel in made:
-            *parents, name = rel.split("/")
+        for rel in sorted(made, key=lambda r: (r.endswith("/"), -r.count("/"))):
+            *parents, name = rel.rstrip("/").split("/")
             try:
                 parent = _open_dir(top, parents, create=False)
             except (OSError, ValueError):
                 continue
             try:
-                st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-                if (stat.S_ISCHR(st.st_mode) and (
-                        dev_map is None or st.st_rdev == os.makedev(*dev_map))) or (
-                        dev_map is None and stat.S_ISBLK(st.st_mode)):
+                if rel.endswith("/"):
+                    os.rmdir(name, dir_fd=parent)
+                elif is_ours(os.stat(name, dir_fd=parent, follow_symlinks=False)):
                     os.unlink(name, dir_fd=parent)
             except (OSError, ValueError):
                 pass
@@ -198,7 +207,7 @@ def remove_device_nodes(made: Sequence[str], dev_dir: Path,
 
 def run_node(profile_path: str | None, node: str | None, root: Path, *,
              index: int | None = None, state_dir: Path | None = None,
-             dev_dir: Path | None = None, dev_map: tuple[int, int] | None = DEFAULT_DEV_MAP,
+             dev_dir: Path | None = None, dev_map: tuple[int, int] | None = None,
              allow_dev: bool = False, ready: Callable[[ControlPaths], None] | None = None,
              spec_file: Path | None = None) -> None:
     """Mount and serve one node until unmounted or signalled (foreground): the node of the
@@ -218,7 +227,7 @@ def run_node(profile_path: str | None, node: str | None, root: Path, *,
     made: list[str] = []
     base_tree = build_tree(spec, {})
     if dev_dir is not None:
-        made = create_device_nodes(base_tree, dev_dir, dev_map)
+        made = create_device_nodes(base_tree, dev_dir)
         log.info("created %d device nodes under %s", len(made), dev_dir)
 
     class _Status:
@@ -232,7 +241,7 @@ def run_node(profile_path: str | None, node: str | None, root: Path, *,
                                fsname=f"hwsandbox:{spec.name}", task_status=_Status()))
     finally:
         if dev_dir is not None:
-            remove_device_nodes(made, dev_dir, dev_map)
+            remove_device_nodes(made, dev_dir)
 
 
 def start_node(profile_path: str | None, node: str, root: Path, *, index: int | None = None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from sandbox.agent import create_device_nodes, device_nodes, remove_device_nodes
 from sandbox.errors import ProfileError
 from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.devnodes import HARMLESS
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import Symlink, check_component
 from sandbox.profile import load_profile_text
@@ -141,6 +143,7 @@ def _render_for_real(tree: Any) -> None:
         out = Path(tmp) / "a" / "root"
         render(tree, out, mknod=os.geteuid() == 0)
         render(tree, out, mknod=os.geteuid() == 0, force=True)
+        _only_harmless_nodes(out)
         assert sorted(os.listdir(tmp)) == ["a", "canary"]
         assert os.listdir(Path(tmp) / "a") == ["root"]
         assert os.listdir(canary) == ["keep"]
@@ -149,6 +152,25 @@ def _render_for_real(tree: Any) -> None:
             dev = Path(tmp) / "dev"
             dev.mkdir()
             (Path(tmp) / "canary").mkdir()
-            remove_device_nodes(create_device_nodes(tree, dev), dev)
+            made = create_device_nodes(tree, dev)
+            _only_harmless_nodes(dev)
+            remove_device_nodes(made, dev)
+            assert os.listdir(dev) == [], "teardown leaves what it made, directories too"
             assert sorted(os.listdir(tmp)) == ["canary", "dev"]
             assert os.listdir(Path(tmp) / "canary") == []
+
+
+def _only_harmless_nodes(top: Path) -> None:
+    """Every real device node below ``top`` is a harmless memory device (or the 1:3
+    stand-in), a character device of mode <= 0660 owned by root: never a number a
+    profile chose."""
+    for dirpath, _dirs, files in os.walk(top):
+        for name in files:
+            info = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISBLK(info.st_mode):
+                raise AssertionError(f"{dirpath}/{name}: a real block device")
+            if stat.S_ISCHR(info.st_mode):
+                numbers = (os.major(info.st_rdev), os.minor(info.st_rdev))
+                assert numbers in HARMLESS, (dirpath, name, numbers)
+                assert stat.S_IMODE(info.st_mode) & ~0o660 == 0, (name, oct(info.st_mode))
+                assert info.st_uid == 0, (name, info.st_uid)

@@ -103,35 +103,102 @@ def test_unplug_replug_renders_identically(tmp_path: Path, node: NodeSpec) -> No
     assert snapshot(tmp_path / "a") == snapshot(tmp_path / "c")
 
 
-def test_mknod_makes_real_character_and_block_devices(tmp_path: Path, node: NodeSpec) -> None:
+def test_mknod_makes_harmless_stand_ins_only(tmp_path: Path, node: NodeSpec) -> None:
+    """--mknod: every node a character device, the five memory devices as themselves and
+    every other one (NVIDIA's 195:N, the NVMe block node 259:0...) as 1:3; modes never
+    wider than 0660, the umask applied (no chmod past it)."""
     if os.geteuid() != 0:
         pytest.fail("mknod needs root: run this test as root")
     tree = build_tree(node)
-    stats = render(tree, tmp_path / "root", mknod=True)
+    old = os.umask(0o027)
+    try:
+        stats = render(tree, tmp_path / "root", mknod=True)
+    finally:
+        os.umask(old)
     assert stats.mknod
     assert not (tmp_path / "root" / DEVICES_LIST).exists()
     seen = 0
     for path, entry in tree.walk():
         if isinstance(entry, (CharDevice, BlockDevice)):
             st = (tmp_path / "root" / path).lstat()
-            if isinstance(entry, BlockDevice):
-                assert stat.S_ISBLK(st.st_mode), path
+            assert stat.S_ISCHR(st.st_mode), path
+            numbers = (os.major(st.st_rdev), os.minor(st.st_rdev))
+            if path in ("dev/zero", "dev/full", "dev/null", "dev/random", "dev/urandom"):
+                assert numbers == (entry.major, entry.minor), path
             else:
-                assert stat.S_ISCHR(st.st_mode), path
-            assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (entry.major, entry.minor)
-            assert stat.S_IMODE(st.st_mode) == entry.mode, path
+                assert numbers == (1, 3), path
+            assert stat.S_IMODE(st.st_mode) == entry.mode & 0o660 & ~0o027, path
+            assert st.st_uid == 0
             seen += 1
     assert seen == stats.devices
-    # The demo profile's NVMe namespace, as the kernel numbers it (extended devt 259:0)
+    assert stat.S_ISCHR((tmp_path / "root" / "dev" / "nvme0n1").lstat().st_mode)
+    assert os.readlink(tmp_path / "root" / "sys/dev/block/259:0").endswith("/nvme0/nvme0n1")
+    render(tree, tmp_path / "root", mknod=True, force=True)  # replaces its own nodes
+    assert "c dev/nvme0n1" in (tmp_path / "root" / MARKER).read_text().splitlines()
+
+
+def test_real_numbers_keep_the_trees_own_but_never_wider_than_0660(
+        tmp_path: Path, node: NodeSpec) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("mknod needs root: run this test as root")
+    tree = build_tree(node)
+    render(tree, tmp_path / "root", mknod=True, real_numbers=True)
     disk = (tmp_path / "root" / "dev" / "nvme0n1").lstat()
     assert stat.S_ISBLK(disk.st_mode)
     assert (os.major(disk.st_rdev), os.minor(disk.st_rdev)) == (259, 0)
-    assert stat.S_IMODE(disk.st_mode) == 0o660
-    assert os.readlink(tmp_path / "root" / "sys/dev/block/259:0").endswith("/nvme0/nvme0n1")
+    gpu = (tmp_path / "root" / "dev" / "nvidia0").lstat()
+    assert (os.major(gpu.st_rdev), os.minor(gpu.st_rdev)) == (195, 0)
+    assert stat.S_IMODE(gpu.st_mode) & ~0o660 == 0
     # a forced render removes its block nodes too (the manifest's "b" lines)
-    render(tree, tmp_path / "root", mknod=True, force=True)
-    assert stat.S_ISBLK((tmp_path / "root" / "dev" / "nvme0n1").lstat().st_mode)
+    render(tree, tmp_path / "root", mknod=True, force=True, real_numbers=True)
     assert "b dev/nvme0n1" in (tmp_path / "root" / MARKER).read_text().splitlines()
+
+
+HOSTILE_NODES = """\
+apiVersion: hwsandbox.dev/v1alpha1
+kind: HardwareProfile
+metadata: {name: hostile}
+nodes:
+  - name: n
+    cpu: {sockets: 1, coresPerSocket: 2}
+    memory: 4Gi
+    devices:
+      - type: generic
+        vendorId: 0x8086
+        deviceId: 0x1
+        classCode: 0x120000
+        devNodes:
+          - {name: vcs-host, major: 7, minor: 0}
+          - {name: ttyS0-host, major: 4, minor: 64}
+          - {name: sg0, major: 21, minor: 0}
+          - {name: snd/pcm, major: 116, minor: 3}
+"""
+
+
+@pytest.mark.parametrize("verb", ["render", "dev-dir"])
+def test_a_profiles_own_numbers_never_reach_a_real_node(tmp_path: Path, verb: str) -> None:
+    """The host console (7:0), serial port (4:64), raw SCSI (21:0) and sound named by a
+    profile become 1:3 stand-ins, root-only: `render --mknod` and a runtime's device dir."""
+    if os.geteuid() != 0:
+        pytest.fail("mknod needs root: run this test as root")
+    profile = tmp_path / "hostile.yaml"
+    profile.write_text(HOSTILE_NODES)
+    if verb == "render":
+        assert main(["render", str(profile), "--out", str(tmp_path / "out"), "--mknod"]) == 0
+        dev = tmp_path / "out" / "dev"
+    else:
+        dev = tmp_path / "dev"
+        tree = build_tree(load_profile(str(profile)).cluster.nodes[0])
+        made = create_device_nodes(tree, dev)
+    for name in ("vcs-host", "ttyS0-host", "sg0", "snd/pcm"):
+        st = (dev / name).lstat()
+        assert stat.S_ISCHR(st.st_mode), name
+        assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 3), name
+        assert stat.S_IMODE(st.st_mode) & ~0o660 == 0, (name, oct(st.st_mode))
+        assert st.st_uid == 0
+    if verb == "dev-dir":
+        remove_device_nodes(made, dev)
+        assert os.listdir(dev) == []  # the nodes and the snd/ directory it made
 
 
 @pytest.mark.parametrize("target", ["/", "/sys", "/sys/devices/x", "/proc", "/proc/1",
@@ -280,39 +347,28 @@ def test_device_nodes_stay_inside_their_dir_and_only_ours_are_removed(
     assert not (dev / "nvme0n1").exists()
 
 
-def test_unmapped_device_nodes_keep_their_type(tmp_path: Path, node: NodeSpec) -> None:
-    """Without a stand-in, block nodes are block devices with their own numbers; a node of
-    the same number but another type is not ours; teardown removes only what it made."""
+def test_device_dir_keeps_a_node_of_ours_and_refuses_any_other(
+        tmp_path: Path, node: NodeSpec) -> None:
+    """A node already there as we would make it (a kind node's own /dev/full) is kept and
+    not removed; one of the same name but another number is refused, and what the run had
+    made is removed again."""
     if os.geteuid() != 0:
         pytest.fail("mknod needs root: run this test as root")
     tree = build_tree(node)
-    fresh = tmp_path / "fresh"
-    made = create_device_nodes(tree, fresh, dev_map=None)
-    assert "nvme0n1" in made
-    disk = (fresh / "nvme0n1").lstat()
-    assert stat.S_ISBLK(disk.st_mode)
-    assert disk.st_rdev == os.makedev(259, 0)
-    assert stat.S_IMODE(disk.st_mode) == 0o660
-    ctrl = (fresh / "nvme0").lstat()
-    assert stat.S_ISCHR(ctrl.st_mode)
-    assert stat.S_IMODE(ctrl.st_mode) == 0o600
-    remove_device_nodes(made, fresh, dev_map=None)
-    assert not (fresh / "nvme0n1").exists()
-    assert not (fresh / "nvme0").exists()
-
     dev = tmp_path / "dev"
     dev.mkdir()
-    os.mknod(dev / "nvme0n1", stat.S_IFCHR | 0o660, os.makedev(259, 0))  # the wrong type
+    os.mknod(dev / "nvme0n1", stat.S_IFBLK | 0o660, os.makedev(259, 0))  # a real disk's
     with pytest.raises(SandboxError, match="nvme0n1: exists and is not the device"):
-        create_device_nodes(tree, dev, dev_map=None)
-    assert not (dev / "nvidia0").exists()  # what it had made is removed again
+        create_device_nodes(tree, dev)
+    assert sorted(os.listdir(dev)) == ["nvme0n1"]  # what it had made is removed again
     (dev / "nvme0n1").unlink()
-    os.mknod(dev / "nvme0n1", stat.S_IFBLK | 0o660, os.makedev(259, 0))  # as we make it
-    made = create_device_nodes(tree, dev, dev_map=None)
-    assert "nvme0n1" not in made  # kept as it was, so not ours to remove
-    remove_device_nodes(made, dev, dev_map=None)
-    assert not (dev / "nvidia0").exists()
-    assert (dev / "nvme0n1").is_block_device()
+    os.mknod(dev / "full", stat.S_IFCHR | 0o666, os.makedev(1, 7))  # the node's own
+    made = create_device_nodes(tree, dev)
+    assert "full" not in made
+    zero = (dev / "zero").lstat()
+    assert (os.major(zero.st_rdev), os.minor(zero.st_rdev)) == (1, 5)
+    remove_device_nodes(made, dev)
+    assert os.listdir(dev) == ["full"]
 
 
 def test_cli_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

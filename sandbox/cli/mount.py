@@ -10,16 +10,18 @@ from pathlib import Path
 from sandbox.agent import run_node, spawn_node
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlPaths, control_paths
+from sandbox.fakehw.devnodes import STAND_IN, check_map
 from sandbox.profile.spec import read_node
-
-DEFAULT_DEV_MAP = (1, 3)  # /dev/null: openable and harmless (as sandbox.fakehw.fs)
 
 
 def _dev(text: str) -> tuple[int, int]:
     major, sep, minor = text.partition(":")
     if not sep or not major.isdigit() or not minor.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r}: expected MAJOR:MINOR such as 1:3")
-    return int(major), int(minor)
+    try:
+        return check_map((int(major), int(minor)))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,12 +49,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="return once mounted, leaving the server in the background")
     p.add_argument("--pid-file", type=Path, help="with --daemon: write the server's pid here")
     p.add_argument("--log-file", type=Path, help="with --daemon: server log (default: beside ROOT)")
-    p.add_argument("--dev-map", type=_dev, nargs="?", const=DEFAULT_DEV_MAP, metavar="MAJ:MIN",
-                   help="report every device node as MAJ:MIN (default 1:3, /dev/null)")
+    p.add_argument("--dev-map", type=_dev, nargs="?", const=STAND_IN, metavar="MAJ:MIN",
+                   help="with --dev: report every device node of the mount as MAJ:MIN, a "
+                   "harmless memory device (default 1:3, /dev/null)")
     p.add_argument("--dev", action="store_true",
                    help="mount with the dev option so mapped device nodes can be opened")
     p.add_argument("--dev-dir", type=Path,
-                   help="also create the node's device nodes (as 1:3) in this directory")
+                   help="also create the node's device nodes in this directory, each a "
+                   "harmless memory device (null, zero, full, random, urandom as "
+                   "themselves, every other one as 1:3), mode <= 0660; removed on exit "
+                   "(docs/sysfs-reference.md)")
     p.set_defaults(func=run)
 
 

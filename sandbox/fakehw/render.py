@@ -1,8 +1,10 @@
 """``render``: write a ``Tree`` to a plain directory (the non-live way to serve a fake root).
 
-Files keep their modes, symlinks stay relative, and device nodes become real character or
-block devices (``mknod=True`` as root) or empty placeholder files listed in ``dev/.devices``
-as ``<name> c|b <major> <minor>`` lines. A ``.hwsandbox-render`` manifest at the top lists every
+Files keep their modes, symlinks stay relative, and device nodes become real devices
+(``mknod=True`` as root: harmless memory devices as ``sandbox.fakehw.devnodes`` says, the
+tree's own numbers only with ``real_numbers``) or empty placeholder files listed in
+``dev/.devices`` as ``<name> c|b <major> <minor>`` lines.
+A ``.hwsandbox-render`` manifest at the top lists every
 entry the render created; a later ``force`` render removes exactly those (files whose type
 still matches, directories once empty) and nothing else. Foreign files are never removed or
 replaced: one standing where the tree needs an entry is an error.
@@ -24,12 +26,23 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.errors import RenderError
+from sandbox.fakehw.devnodes import own_numbers, real_node
 from sandbox.fakehw.hostpaths import host_path_problem
-from sandbox.fakehw.tree import BlockDevice, Dir, Entry, File, Symlink, Tree, check_component
+from sandbox.fakehw.tree import (
+    BlockDevice,
+    DeviceNode,
+    Dir,
+    Entry,
+    File,
+    Symlink,
+    Tree,
+    check_component,
+)
 
 MARKER = ".hwsandbox-render"
 DEVICES_LIST = "dev/.devices"
@@ -55,7 +68,7 @@ class RenderStats:
 
 
 def render(tree: Tree, out_dir: str | os.PathLike[str], mknod: bool = False,
-           force: bool = False) -> RenderStats:
+           force: bool = False, real_numbers: bool = False) -> RenderStats:
     """Write ``tree`` below ``out_dir`` (created if missing). See the module docstring."""
     out = Path(out_dir)
     real = Path(os.path.realpath(out))
@@ -80,7 +93,7 @@ def render(tree: Tree, out_dir: str | os.PathLike[str], mknod: bool = False,
             if MARKER in entries:
                 _remove_previous(top, real)
         real_nodes = mknod and os.geteuid() == 0
-        return _write(tree, top, str(real), real_nodes)
+        return _write(tree, top, str(real), real_nodes, own_numbers if real_numbers else real_node)
     finally:
         os.close(top)
 
@@ -211,6 +224,7 @@ class _Writer:
 
     root: str
     real_nodes: bool
+    node_policy: Callable[[DeviceNode], tuple[int, int, int]]
     made: list[str]
     listed: list[str]
     dirs: int = 0
@@ -270,15 +284,11 @@ class _Writer:
             block = isinstance(entry, BlockDevice)
             kind = "b" if block else "c"
             if self.real_nodes:
-                ftype = stat.S_IFBLK if block else stat.S_IFCHR
-                os.mknod(name, ftype | entry.mode, os.makedev(entry.major, entry.minor),
-                         dir_fd=parent)
-                # mknod applied the umask; never through a link planted meanwhile
-                # (ValueError: the name is a symlink now)
-                try:
-                    os.chmod(name, entry.mode, dir_fd=parent, follow_symlinks=False)
-                except ValueError:
-                    raise FileExistsError(name) from None
+                # as sandbox.fakehw.devnodes says: never a profile's number unless asked,
+                # never wider than 0660, the umask applies (no chmod past it)
+                ftype, rdev, mode = self.node_policy(entry)
+                os.mknod(name, ftype | mode, rdev, dir_fd=parent)
+                kind = "b" if stat.S_ISBLK(ftype) else "c"
             else:
                 os.close(os.open(name, _FILE_FLAGS, 0o644, dir_fd=parent))
                 self.listed.append(
@@ -287,8 +297,9 @@ class _Writer:
             self.devices += 1
 
 
-def _write(tree: Tree, top: int, root: str, real_nodes: bool) -> RenderStats:
-    w = _Writer(root, real_nodes, [], [])
+def _write(tree: Tree, top: int, root: str, real_nodes: bool,
+           node_policy: Callable[[DeviceNode], tuple[int, int, int]]) -> RenderStats:
+    w = _Writer(root, real_nodes, node_policy, [], [])
     try:
         w.write_dir(top, "", tree.root)
         if not real_nodes and tree.get("dev") is not None:
