@@ -234,13 +234,13 @@ def test_lsblk_lists_every_namespace(rendered: tuple[NodeSpec, Path]) -> None:
 
 
 def test_lsblk_reads_the_demo_render_with_real_block_nodes(tmp_path: Path) -> None:
-    """``render --mknod`` of the demo profile: /dev/nvme0n1 is the block device 259:0 and
-    lsblk, reading the fake sysfs, lists the namespace with that number."""
+    """``render --mknod --real-numbers`` of the demo profile: /dev/nvme0n1 is the block
+    device 259:0 and lsblk, reading the fake sysfs, lists the namespace with that number."""
     if os.geteuid() != 0:
         pytest.fail("mknod needs root: run this test as root")
     n = load_profile(REPO / "profiles/8gpu-2numa.yaml").cluster.nodes[0]
     root = tmp_path / "root"
-    render(build_tree(n), root, mknod=True)
+    render(build_tree(n), root, mknod=True, real_numbers=True)
     st = (root / "dev/nvme0n1").lstat()
     assert stat.S_ISBLK(st.st_mode)
     assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (259, 0)
