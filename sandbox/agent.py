@@ -10,7 +10,6 @@ for them, are removed again on exit.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import stat
@@ -89,16 +88,20 @@ def _check_dev_dir(dev_dir: Path) -> None:
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _open_dir(top: int, parts: list[str], create: bool) -> int:
+def _open_dir(top: int, parts: list[str], made: list[str] | None = None) -> int:
     """An fd of ``parts`` below ``top``: each step relative to the last open directory,
-    no symlink followed, so nothing outside ``top`` is ever reached."""
+    no symlink followed, so nothing outside ``top`` is ever reached. With ``made``, missing
+    directories are created and recorded there (``a/b/``, parents first) for teardown."""
     fd = os.dup(top)
     try:
-        for part in parts:
+        for i, part in enumerate(parts):
             check_component(part)
-            if create:
-                with contextlib.suppress(FileExistsError):
+            if made is not None:
+                try:
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    made.append("/".join(parts[:i + 1]) + "/")
+                except FileExistsError:
+                    pass
             nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = nxt
@@ -131,33 +134,12 @@ def create_device_nodes(tree: Tree, dev_dir: Path) -> list[str]:
     return made
 
 
-def _make_parents(top: int, parents: list[str], made: list[str]) -> int:
-    """An fd of the directory ``parents`` below ``top``, made where missing (recorded in
-    ``made`` so that teardown removes them); no symlink followed."""
-    fd = os.dup(top)
-    try:
-        for i, part in enumerate(parents):
-            check_component(part)
-            try:
-                os.mkdir(part, 0o755, dir_fd=fd)
-                made.append("/".join(parents[:i + 1]) + "/")
-            except FileExistsError:
-                pass
-            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def _make_nodes(tree: Tree, top: int, dev_dir: Path, made: list[str]) -> None:
     for rel, dev in device_nodes(tree):
         *parents, name = rel.split("/")
         ftype, rdev, mode = real_node(dev)
         try:
-            parent = _make_parents(top, parents, made)
+            parent = _open_dir(top, parents, made)
         except (OSError, ValueError) as exc:
             raise SandboxError(f"{dev_dir}/{rel}: cannot make its directory: {exc}") from exc
         try:
@@ -189,7 +171,7 @@ def remove_device_nodes(made: Sequence[str], dev_dir: Path) -> None:
         for rel in sorted(made, key=lambda r: (r.endswith("/"), -r.count("/"))):
             *parents, name = rel.rstrip("/").split("/")
             try:
-                parent = _open_dir(top, parents, create=False)
+                parent = _open_dir(top, parents)
             except (OSError, ValueError):
                 continue
             try:
