@@ -92,7 +92,7 @@ def capture(root: str | os.PathLike[str] = "/", name: str | None = None,
     profile_name = sanitize_name(name or host or "captured")
     node = sanitize_name(node_name or host or "captured")
     stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    where = os.path.abspath(str(root))
+    where = clean_text(os.path.abspath(str(root)), "?", 128)  # a header line: one line
     description = f"captured from {where}" + (f" (host {host})" if host else "") + f" at {stamp}"
     bridges = host_bridges(r, fns, numa_nodes)
     extra: dict[str, Any] = {}

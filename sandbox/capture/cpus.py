@@ -12,6 +12,7 @@ from typing import Any
 from sandbox.capture.reading import (
     CONTROL,
     CPU_DIR,
+    CPUINFO_LIMIT,
     DMI_DIR,
     NODE_DIR,
     CaptureError,
@@ -35,7 +36,7 @@ class _Cpus:
 def _cpuinfo(root: Root) -> dict[str, str]:
     """The first processor's ``key: value`` lines of proc/cpuinfo."""
     out: dict[str, str] = {}
-    for line in (root.read("proc/cpuinfo") or "").splitlines():
+    for line in (root.read("proc/cpuinfo", CPUINFO_LIMIT) or "").splitlines():
         if not line.strip():
             if out:
                 break

@@ -1,13 +1,17 @@
 """The os-level reads of a machine root: its files (``Root``) and each PCI function's sysfs
 directory (``read_function``), and the few text values every reader shares.
 
-``Root`` reads regular files only (a FIFO or device below ``--root`` is never opened for a
-blocking read), up to 1 MiB each; nothing below the root is written.
+``Root`` resolves every path inside the root, as a chroot would (openat2 RESOLVE_IN_ROOT),
+reads regular files only (a FIFO or device below ``--root`` is never opened for a blocking
+read), up to 64 KiB each; nothing below the root is written.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import platform
 import re
 import stat
 from dataclasses import dataclass, field
@@ -19,9 +23,10 @@ CPU_DIR = "sys/devices/system/cpu"
 NODE_DIR = "sys/devices/system/node"
 PCI_DIR = "sys/bus/pci/devices"
 DMI_DIR = "sys/devices/virtual/dmi/id"
-_READ_LIMIT = 1 << 20  # no sysfs or proc file we read is near this
+_READ_LIMIT = 1 << 16  # no sysfs attribute or proc file we read is near this, but:
+CPUINFO_LIMIT = 1 << 23  # proc/cpuinfo: ~1.5 KiB per CPU (flags), thousands of CPUs
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
 
 
 
@@ -30,34 +35,83 @@ class CaptureError(SandboxError):
 
 
 
+_SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}  # same number on every arch since 5.6
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_IN_ROOT = 0x10
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _openat2(dirfd: int, rel: str, flags: int) -> int:
+    """openat2(2) with RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS: ``rel`` and every link met
+    on the way (absolute, or ``..`` past the top) resolve below ``dirfd``, as in a chroot,
+    so a hostile tree cannot point capture at a host file; relative links that stay inside
+    (all of real sysfs's ``../../devices/...``) work as before. Raises OSError; ENOSYS
+    (kernel older than 5.6, or seccomp) becomes a ``CaptureError`` in ``Root.__init__``:
+    we refuse rather than resolve links in userspace, which races with the tree."""
+    number = _SYS_OPENAT2.get(platform.machine())
+    if number is None:
+        raise OSError(errno.ENOSYS, "openat2 not known on this architecture")
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(number, dirfd, os.fsencode(rel or "."), ctypes.byref(how),
+                       ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), rel)
+    return int(fd)
+
+
 class Root:
+    """The machine root, every lookup below it confined to it (see ``_openat2``).
+
+    Files are opened O_NONBLOCK and read only when regular (a FIFO or device is missing),
+    up to ``_READ_LIMIT`` bytes; a larger file is missing too, not taken in part."""
+
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.path = Path(root)
-
-    def read(self, rel: str) -> str | None:
-        """A regular file's text (sysfs and proc files are); a FIFO or device is never
-        opened for blocking reads."""
+        self._dirfd: int | None = None
         try:
-            fd = os.open(self.path / rel, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._dirfd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return  # check_root says it is not a directory
+        try:
+            os.close(_openat2(self._dirfd, ".", os.O_PATH))
+        except OSError as exc:
+            if exc.errno == errno.ENOSYS:
+                raise CaptureError("capture needs openat2(2) (Linux 5.6 or later) to read "
+                                   "a root safely; this kernel does not have it") from None
+
+    def __del__(self) -> None:
+        if getattr(self, "_dirfd", None) is not None:
+            os.close(self._dirfd)  # type: ignore[arg-type]
+
+    def _open(self, rel: str, flags: int) -> int:
+        if self._dirfd is None:
+            raise OSError(errno.ENOENT, "no root", rel)
+        return _openat2(self._dirfd, rel, flags)
+
+    def read(self, rel: str, limit: int = _READ_LIMIT) -> str | None:
+        """A regular file's text (sysfs and proc files are), None when missing, not
+        regular, unreadable or larger than ``limit`` bytes."""
+        try:
+            fd = self._open(rel, os.O_RDONLY | os.O_NONBLOCK)
         except (OSError, ValueError):
             return None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
-            chunks: list[bytes] = []
-            size = 0
-            while size < _READ_LIMIT:  # proc files come in pieces
-                chunk = os.read(fd, _READ_LIMIT - size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            data = b"".join(chunks)
+            data = _read_bounded(fd, limit)
         except OSError:
             return None
         finally:
             os.close(fd)
-        return data.decode("utf-8", "replace")
+        return None if data is None else data.decode("utf-8", "replace")
 
     def line(self, rel: str) -> str | None:
         text = self.read(rel)
@@ -74,20 +128,70 @@ class Root:
 
     def names(self, rel: str, pattern: str) -> list[str]:
         try:
-            entries = os.listdir(self.path / rel)
+            fd = self._open(rel, os.O_RDONLY | os.O_DIRECTORY)
+        except (OSError, ValueError):
+            return []
+        try:
+            entries = os.listdir(fd)
         except OSError:
             return []
+        finally:
+            os.close(fd)
         rx = re.compile(pattern)
         return sorted(e for e in entries if rx.fullmatch(e))
 
     def link_name(self, rel: str) -> str | None:
+        """The last component of a link's target; the link's directory is found inside
+        the root, and the name is only text (cleaned where it is written)."""
+        parent, _, leaf = rel.rstrip("/").rpartition("/")
         try:
-            return os.path.basename(os.readlink(self.path / rel))
+            fd = self._open(parent, os.O_PATH | os.O_DIRECTORY)
+        except (OSError, ValueError):
+            return None
+        try:
+            name = os.path.basename(os.readlink(leaf, dir_fd=fd))
         except OSError:
             return None
+        finally:
+            os.close(fd)
+        return clean_text(name, "", 64) or None
 
     def exists(self, rel: str) -> bool:
-        return os.path.lexists(self.path / rel)
+        try:
+            os.close(self._open(rel, os.O_PATH | os.O_NOFOLLOW))
+        except (OSError, ValueError):
+            return False
+        return True
+
+    def real(self, rel: str) -> str | None:
+        """``rel`` with its links resolved, relative to the root (for the PCI function's
+        place in the device tree); None when it is not inside the root."""
+        try:
+            fd = self._open(rel, os.O_PATH)
+        except (OSError, ValueError):
+            return None
+        try:
+            where = os.readlink(f"/proc/self/fd/{fd}")
+            top = os.readlink(f"/proc/self/fd/{self._dirfd}")
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        inside = os.path.relpath(where, top)
+        return None if inside.startswith("..") else inside
+
+
+def _read_bounded(fd: int, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes (proc files come in pieces); None when there is more."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = os.read(fd, limit + 1 - size)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+    return None
 
 
 
@@ -100,15 +204,17 @@ def check_root(root: Root) -> None:
         raise CaptureError(f"{where}: not a machine root: no {CPU_DIR}/cpuN directories "
                            "(give --root a directory holding sys/ and proc/, such as / or a "
                            "`sandbox render` output)")
-    if root.read("proc/cpuinfo") is None:
+    if root.read("proc/cpuinfo", CPUINFO_LIMIT) is None:
         raise CaptureError(f"{where}: not a machine root: no readable proc/cpuinfo")
 
 
 
-def clean_text(value: str | None, default: str) -> str:
-    if not value:
-        return default
-    return CONTROL.sub(" ", value)[:256]
+def clean_text(value: str | None, default: str, limit: int = 256) -> str:
+    """``value`` fit for one line of YAML (a comment or a scalar): control characters
+    and line/paragraph separators, which would end a comment line, become spaces, and the
+    length is bounded; ``default`` when nothing is left."""
+    text = " ".join(CONTROL.sub(" ", value or "").split())[:limit].strip()
+    return text or default
 
 
 
@@ -122,7 +228,7 @@ def quantity(nbytes: int) -> str:
 
 def hostname(root: Root) -> str | None:
     for rel in ("proc/sys/kernel/hostname", "etc/hostname"):
-        name = root.line(rel)
+        name = clean_text(root.line(rel), "", 64)  # it goes into the header and names
         if name:
             return name
     return None
@@ -169,12 +275,7 @@ def read_function(root: Root, address: str) -> Function | None:
     cls = root.number(f"{base}/class", 16)
     if vendor is None or device is None or cls is None:
         return None
-    try:
-        real = os.path.realpath(root.path / base)
-        rel = os.path.relpath(real, os.path.realpath(root.path))
-    except (OSError, ValueError):
-        rel = ""
-    parts = rel.split(os.sep)
+    parts = (root.real(base) or "").split(os.sep)
     root_bus = next((p for p in parts if re.fullmatch(r"pci[0-9a-f]{4}:[0-9a-f]{2}", p)), None)
     numa = root.number(f"{base}/numa_node")
     group = root.link_name(f"{base}/iommu_group")
