@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from sandbox.capture import capture, write_capture
+from sandbox.capture import capture
+from sandbox.outfile import check_target, write_file
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,7 +19,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "GPUs, NICs and FPGAs the catalogue knows (`sandbox schema`) become those device "
         "types; anything else becomes a generic device with its raw ids. The profile is "
         "validated before it is written, and its header comment says where and when it was "
-        "captured and what it leaves out. Only the -o file is written.",
+        "captured and what it leaves out. Only the -o file is written: as a whole new "
+        "regular file renamed into place, so a failure (a full disk) leaves no file or the "
+        "old one; a directory, FIFO, device, socket or symbolic link there is refused.",
         epilog="Examples: sandbox capture -o this-host.yaml; sandbox capture --root DIR -o "
         "out.yaml (DIR holds sys/ and proc/, e.g. a `sandbox render` output); then "
         "sandbox render out.yaml --out TREE to see it as a fake root.",
@@ -26,7 +30,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="directory holding sys/ and proc/ to read (default: / , this host)")
     p.add_argument("-o", "--output", required=True, metavar="PROFILE.yaml",
                    help="file to write ('-' for stdout); never overwritten without --force")
-    p.add_argument("--force", action="store_true", help="overwrite an existing -o file")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing -o file (a regular file, never a link)")
     p.add_argument("--name", metavar="NAME",
                    help="the profile's metadata.name (default: the root's hostname)")
     p.add_argument("--node-name", metavar="NAME",
@@ -36,9 +41,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = capture(args.root, name=args.name, node_name=args.node_name)
-    write_capture(result, args.output, force=args.force)
     if args.output != "-":
+        check_target(args.output, args.force)  # a bad -o fails before the machine is read
+    result = capture(args.root, name=args.name, node_name=args.node_name)
+    if args.output == "-":
+        sys.stdout.write(result.text)
+    else:
+        write_file(args.output, result.text, force=args.force)
         node = result.profile["nodes"][0]
         devices = sum(d.get("count", 1) for d in node["devices"])
         print(f"captured {args.root} to {args.output}: {node['cpu']['sockets']} socket(s), "

@@ -18,12 +18,11 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
 import yaml
 from hwplugins.dra.slices import TYPES
 
-from sandbox.cli.status import write_picture
+from sandbox.cli.status import add_file_arguments, check_picture_file, write_picture
 from sandbox.dra import driver_config, node_slices, quantity, read_usage
 from sandbox.draw import claims_svg
 from sandbox.errors import SandboxError
@@ -54,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     u.add_argument("--kubeconfig", help="any cluster instead of a sandbox")
     u.add_argument("-o", "--output", choices=("table", "json", "svg", "png"), default="table",
                    help="svg/png: the same as a picture for slides (one card per GPU and NIC)")
-    u.add_argument("-f", "--file", type=Path, help="write svg/png here (default: stdout)")
+    add_file_arguments(u)
     p.set_defaults(func=run)
 
 
@@ -84,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _claims(args: argparse.Namespace) -> int:
+    check_picture_file(args)
     kubeconfig = args.kubeconfig
     title = str(kubeconfig)
     if kubeconfig is None:
@@ -96,7 +96,8 @@ def _claims(args: argparse.Namespace) -> int:
                                "or kind")
     use = read_usage(str(kubeconfig))
     if args.output in ("svg", "png"):
-        write_picture(claims_svg(use, title=f"DRA claims: {title}"), args.output, args.file)
+        write_picture(claims_svg(use, title=f"DRA claims: {title}"), args.output, args.file,
+                      args.force)
         return 0
     if args.output == "json":
         json.dump(dataclasses.asdict(use), sys.stdout, indent=2, default=str)

@@ -11,6 +11,7 @@ from sandbox.agent import run_node, spawn_node
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlPaths, control_paths
 from sandbox.fakehw.devnodes import STAND_IN, check_map
+from sandbox.outfile import check_target, write_file
 from sandbox.profile.spec import read_node
 
 
@@ -47,7 +48,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="where control.sock and state.json live (default: beside ROOT)")
     p.add_argument("--daemon", action="store_true",
                    help="return once mounted, leaving the server in the background")
-    p.add_argument("--pid-file", type=Path, help="with --daemon: write the server's pid here")
+    p.add_argument("--pid-file", metavar="FILE",
+                   help="with --daemon: write the server's pid here (checked before the "
+                   "server starts; a regular file there is replaced, a directory, FIFO, "
+                   "device, socket or symbolic link refused)")
     p.add_argument("--log-file", type=Path, help="with --daemon: server log (default: beside ROOT)")
     p.add_argument("--dev-map", type=_dev, nargs="?", const=STAND_IN, metavar="MAJ:MIN",
                    help="with --dev: report every device node of the mount as MAJ:MIN, a "
@@ -73,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.node is None:
         raise SandboxError("--node NAME is needed with a profile")
     if args.daemon:
+        if args.pid_file is not None:
+            check_target(args.pid_file, force=True)  # before a server is left running
         log_file = args.log_file or root.absolute().parent / f"{root.name}.log"
         extra: list[str] = []
         if args.dev_map is not None:
@@ -82,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
         pid = spawn_node(profile, args.node, root, index=args.index,
                          state_dir=args.state_dir, log_file=log_file,
                          dev_dir=args.dev_dir, extra=extra, spec_file=spec_file).pid
-        if args.pid_file:
-            args.pid_file.write_text(f"{pid}\n")
+        if args.pid_file is not None:
+            write_file(args.pid_file, f"{pid}\n", force=True)
         paths = control_paths(root, args.state_dir)
         print(f"mounted {root} (pid {pid}); control socket {paths.socket}; log {log_file}")
         return 0

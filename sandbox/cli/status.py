@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 from sandbox.draw import DeviceView, svg_to_png, topology_svg
 from sandbox.errors import SandboxError
+from sandbox.outfile import check_target, write_file
 from sandbox.profile import load_profile
 from sandbox.runtimes import runtime_for
 from sandbox.runtimes.base import SandboxStatus
@@ -32,8 +32,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--name", help="which sandbox (default: the only one running)")
     p.add_argument("-o", "--output", choices=("table", "json", "svg", "png"), default="table")
-    p.add_argument("-f", "--file", type=Path, help="write svg/png here (default: stdout)")
+    add_file_arguments(p)
     p.set_defaults(func=run)
+
+
+def add_file_arguments(p: argparse.ArgumentParser) -> None:
+    """``--file`` and ``--force`` of a command that draws svg/png (status, dra claims)."""
+    p.add_argument("-f", "--file", metavar="FILE",
+                   help="write svg/png here (default: stdout): a new regular file renamed "
+                   "into place; a directory, FIFO, device, socket or symbolic link there "
+                   "is refused")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing --file (a regular file, never a link)")
+
+
+def check_picture_file(args: argparse.Namespace) -> None:
+    """Refuse a bad --file before any work is done (``write_picture`` checks again)."""
+    if args.file is not None and args.output in ("svg", "png"):
+        check_target(args.file, args.force)
 
 
 def text(status: SandboxStatus) -> str:
@@ -62,6 +78,7 @@ def text(status: SandboxStatus) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_picture_file(args)
     session = find_session(args.name)
     status = runtime_for(session.runtime).status(session.state_dir)
     ready = 0 if all(n.ready for n in status.nodes) else 1  # scripts can test the status
@@ -78,16 +95,16 @@ def run(args: argparse.Namespace) -> int:
         for n in status.nodes
     }
     svg = topology_svg(cluster.nodes, views, title=f"{status.name} ({status.runtime})")
-    write_picture(svg, args.output, args.file)
+    write_picture(svg, args.output, args.file, args.force)
     return 0
 
 
-def write_picture(svg: str, output: str, file: Path | None) -> None:
-    """``svg`` as ``output`` ("svg" or "png") to ``file``, else to stdout (never PNG bytes to
-    a terminal)."""
+def write_picture(svg: str, output: str, file: str | None, force: bool = False) -> None:
+    """``svg`` as ``output`` ("svg" or "png") to ``file`` (``sandbox.outfile.write_file``:
+    an existing one only with ``force``), else to stdout (never PNG bytes to a terminal)."""
     data = svg.encode() if output == "svg" else svg_to_png(svg)
-    if file:
-        file.write_bytes(data)
+    if file is not None:
+        write_file(file, data, force=force)
         print(f"wrote {file}", file=sys.stderr)
     elif output == "png" and sys.stdout.isatty():
         raise SandboxError("refusing to write PNG to a terminal; use --file or a redirect")
