@@ -3,22 +3,42 @@
 A verb module exposes ``register(subparsers)`` which adds its parser and sets
 ``func=run`` where ``run(args) -> int``. Verbs parse flags and call the library; they hold
 no logic of their own. Only ``SandboxError`` is caught: it prints ``error: ...`` (every
-line of it) and exits 1, with the traceback only under ``-v``.
+line of it) and exits 1, with the traceback only under ``-v``; so is an ``OSError`` of a
+full disk (``No space left on device``, a quota), which is the machine's, not a bug.
+
+Ctrl-C (SIGINT), run as the program (``python -m sandbox``, the console script): from
+this module's first statement (after two imports of modules the interpreter has loaded
+already) until the verb runs, a SIGINT ends the process at once, killed by the signal as
+any program's would be: nothing is made while Python imports and the arguments are
+parsed, and no traceback comes from inside an import. Before that statement the
+interpreter is still starting (``site``, ``runpy``): what a SIGINT does there is Python's
+own. The verb then sees a SIGINT as KeyboardInterrupt, which prints ``interrupted`` and
+exits 130 (``sandbox up`` keeps its own rule: ``sandbox.cli.up``).
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import importlib.util
-import logging
-import os
+import _signal  # type: ignore[import-not-found]  # the C module: loaded at start-up
 import sys
-import traceback
-from collections.abc import Sequence
 
-from sandbox import __version__
-from sandbox.errors import SandboxError
+if (getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+        == "sandbox.__main__"
+        or str(getattr(sys.modules.get("__main__"), "__file__", None) or "").endswith(
+            "/sandbox")):
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)  # run as the program: see above
+
+import os  # noqa: E402 - after the line above, on purpose
+import signal  # noqa: E402
+import threading  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
+
+from sandbox import __version__  # noqa: E402
+
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Sequence
+    from types import FrameType
+    from typing import Any
 
 # Verb modules, in the order `sandbox --help` lists them, with their one-line help.
 # Only the verb being run is imported, so every command starts fast.
@@ -47,6 +67,10 @@ def _chosen_verb(argv: Sequence[str]) -> str | None:
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    import argparse
+    import importlib
+    import importlib.util
+
     parser = argparse.ArgumentParser(
         prog="sandbox",
         description=(
@@ -79,7 +103,37 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run one command line; ``argv`` None: the process's own (the console script,
+    ``python -m sandbox``), whose SIGINT handling this takes over (see above); with an
+    ``argv`` (in-process), the caller's SIGINT handler is left alone."""
+    program = argv is None
+    previous = signal.getsignal(signal.SIGINT)
+    if program:
+        _on_sigint(signal.SIG_DFL)
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv), program)
+    except KeyboardInterrupt:
+        if program:
+            _on_sigint(signal.SIG_IGN)  # a second Ctrl-C: no traceback while we exit
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if not program and previous is not None:  # a verb (up) may have changed it
+            _on_sigint(previous)
+
+
+def _on_sigint(handler: Callable[[int, FrameType | None], Any] | int) -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+
+
+def _main(argv: list[str], program: bool) -> int:
+    import errno
+    import logging
+    import traceback
+
+    from sandbox.errors import SandboxError
+
     # gRPC core's own INFO lines ("I1201 ... chttp2_transport ... GOAWAY") are not ours to
     # print; set before any verb imports grpc. An explicit GRPC_VERBOSITY still wins.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
@@ -93,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if program:
+        _on_sigint(signal.default_int_handler)
     try:
         code: int = args.func(args)
     except SandboxError as exc:
@@ -101,12 +157,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in str(exc).splitlines() or [type(exc).__name__]:
             print(f"error: {line}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # `sandbox show -o yaml | head`
         sys.stderr.close()
         return 0
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        if args.verbose:
+            traceback.print_exc()
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror}", file=sys.stderr)
+        return 1
     return code
 
 

@@ -1,11 +1,34 @@
-"""`sandbox up PROFILE`: bring up a sandbox (kind where possible, else local)."""
+"""`sandbox up PROFILE`: bring up a sandbox (kind where possible, else local).
+
+Interrupting it (SIGINT, Ctrl-C) has one rule, whatever the moment: before the ``is up``
+line, everything made so far is removed and ``up`` exits 130 (before it has made
+anything it simply dies of the signal, as any program; a shell shows 130 too); once the
+line is printed the sandbox is up, ``up`` only exits (0) and ignores SIGINT, and the
+sandbox stays until ``sandbox down``. ``up`` returns right after that line: the servers
+run detached, nothing stays in the foreground. In between, a SIGINT raises
+KeyboardInterrupt, except where a process is being started and recorded
+(``steps.interrupts_held``), and the clean-up itself is not interrupted by another.
+
+From before its first record until it exits, ``up`` holds the sandbox's lock
+(``base.StateLock``): ``sandbox down`` of that name, or another ``sandbox up`` of it,
+refuses with "is coming up" meanwhile instead of removing (or reusing) what this one is
+still making.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
 
 from hwplugins.dra.slices import TYPES as DRA_DEVICE_TYPES
 
@@ -14,11 +37,15 @@ from sandbox.profile import load_profile
 from sandbox.runtimes import RUNTIMES, choose_runtime, runtime_for
 from sandbox.runtimes.base import (
     STATE_MARKER,
+    Runtime,
+    StateBusy,
+    StateLock,
     check_name,
     default_state_root,
     read_record,
     state_dir_for,
 )
+from sandbox.runtimes.steps import interrupts_held
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +60,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "Linux with FUSE, no Kubernetes), native (a real single-node Kubernetes built from "
         "source; see docs/native-runtime.md). State lives in "
         f"{default_state_root()}/NAME (HWSANDBOX_STATE_DIR overrides).",
+        epilog="Ctrl-C (SIGINT) before the 'is up' line removes everything made so far "
+        "and exits 130; once 'is up' is printed, up has finished (the sandbox's processes "
+        "run detached) and the sandbox stays up until `sandbox down`. While up runs, "
+        "`sandbox down` (or another `sandbox up`) of the same name refuses: the sandbox "
+        "is coming up. A failed up removes what it made (unless --retain), a full state "
+        "root included: one error line, nothing left.",
     )
     p.add_argument("profile", metavar="PROFILE")
     p.add_argument("--runtime", choices=("auto", *RUNTIMES), default="auto")
@@ -118,6 +151,9 @@ def parse_feature_gates(text: str) -> dict[str, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Until something is made, a SIGINT ends `up` at once (killed by the signal, as any
+    # program): nothing to undo, and no traceback from inside an import.
+    _on_sigint(signal.SIG_DFL)
     if args.name is not None:
         check_name(args.name)  # before anything is loaded, started or created
     # the runtime's options, refused before anything is checked, started or created
@@ -160,39 +196,110 @@ def run(args: argparse.Namespace) -> int:
         runtime.dra_options = options
         runtime.dra_driver = runtime.dra_driver or wants_dra
     state_dir = state_dir_for(name)
-    if read_record(state_dir) is not None:
-        raise SandboxError(f"a sandbox named {name!r} already exists ({state_dir}); "
-                           f"run `sandbox down --name {name}` first or pick --name")
+    # From here on something may be made: a SIGINT is a KeyboardInterrupt, and the
+    # clean-up below removes everything made so far (see the module's docstring).
+    _on_sigint(signal.default_int_handler)
     started = time.monotonic()
 
     def progress(message: str) -> None:
         print(f"  [{time.monotonic() - started:5.1f}s] {message}", file=sys.stderr, flush=True)
 
+    lock: StateLock | None = None
     try:
+        with interrupts_held():  # the state dir made and locked, or neither
+            lock = StateLock.acquire(state_dir, create=True, wait=2.0)
+        if read_record(state_dir) is not None:
+            raise _Exists(f"a sandbox named {name!r} already exists ({state_dir}); "
+                          f"run `sandbox down --name {name}` first or pick --name")
         runtime.up(loaded.cluster, os.path.abspath(args.profile), state_dir, progress)
-    except (SandboxError, KeyboardInterrupt) as exc:
-        hint = ""
-        if args.retain:
-            print(f"keeping {state_dir} (--retain); clean up with `sandbox down --name {name}`",
-                  file=sys.stderr)
-        elif not (state_dir / STATE_MARKER).is_file():
-            pass  # nothing of ours was created there: nothing to undo, nothing to remove
-        else:
-            hint = "; everything it made was removed (rerun with --retain to keep it)"
-            progress("failed; cleaning up")
-            try:
-                runtime.down(state_dir, lambda _m: None)
-            except SandboxError as cleanup:
-                print(f"warning: cleanup incomplete: {cleanup}", file=sys.stderr)
-        if isinstance(exc, KeyboardInterrupt):
+        # Up: from this line on it stays up, whatever SIGINT comes (up only prints, exits).
+        _on_sigint(signal.SIG_IGN)
+    except BaseException as exc:
+        # One SIGINT is enough: the clean-up (and the fusermount3 it runs, in our process
+        # group) is not interrupted by a second.
+        _on_sigint(signal.SIG_IGN)
+        if isinstance(exc, StateBusy):
+            raise SandboxError(f"{exc}; wait until it has finished, or pick --name") from None
+        if isinstance(exc, _Exists):
             raise
-        if isinstance(exc, RuntimeBackendError):
-            raise SandboxError(f"sandbox up failed at step {exc.step!r}: {exc.message}"
-                               f"{hint}") from exc
-        raise SandboxError(f"sandbox up failed: {exc}{hint}") from exc
+        if lock is None:  # nothing was made
+            if isinstance(exc, OSError):
+                raise SandboxError(f"sandbox up failed: {state_dir}: "
+                                   f"{exc.strerror or exc}") from exc
+            raise
+        result = _failed(exc, runtime, state_dir, lock, args.retain, progress)
+        if result is exc:
+            raise
+        raise result from exc
     elapsed = time.monotonic() - started
     print(f"sandbox {name!r} is up ({runtime.name} runtime, {elapsed:.1f}s). Next:\n"
           f"  sandbox status             what the kubelet sees\n"
           f"  sandbox fault list         devices and their health\n"
-          f"  sandbox down               remove it")
+          f"  sandbox down               remove it", flush=True)
+    # `lock` is not released: the process's exit drops it, so a `down` that gets it
+    # knows this `up` is over.
     return 0
+
+
+class _Exists(SandboxError):
+    """A sandbox of that name is there already: nothing to undo."""
+
+
+def _on_sigint(handler: Callable[[int, FrameType | None], Any] | int) -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, handler)
+
+
+def _failed(exc: BaseException, runtime: Runtime, state_dir: Path, lock: StateLock,
+            retain: bool, progress: Callable[[str], None]) -> BaseException:
+    """Undo what the failed (or interrupted) ``up`` made, unless ``retain``; returns what
+    to raise: KeyboardInterrupt again, else a SandboxError naming the step, or the
+    original exception if it is a bug (anything but SandboxError and OSError)."""
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    full = _full(exc, state_dir)  # before the clean-up frees space
+    hint = ""
+    if retain:
+        print(f"keeping {state_dir} (--retain); clean up with `sandbox down --name "
+              f"{state_dir.name}`", file=sys.stderr)
+    elif not (state_dir / STATE_MARKER).is_file():
+        # nothing of ours was created there: nothing to undo; the dir itself, if it was
+        # made for this `up` (empty, then), goes
+        if lock.created:
+            with contextlib.suppress(OSError):
+                state_dir.rmdir()
+    else:
+        hint = "; everything it made was removed (rerun with --retain to keep it)"
+        progress("interrupted; cleaning up" if interrupted else "failed; cleaning up")
+        try:
+            runtime.down(state_dir, lambda _m: None)
+        except (SandboxError, OSError) as cleanup:
+            print(f"warning: cleanup incomplete: {cleanup}", file=sys.stderr)
+    if interrupted:
+        return exc
+    if not isinstance(exc, SandboxError | OSError):
+        return exc  # a bug: its traceback is wanted
+    if full:
+        hint = f" (the state root {state_dir.parent} is full){hint}"
+    if isinstance(exc, RuntimeBackendError):
+        return SandboxError(f"sandbox up failed at step {exc.step!r}: {exc.message}{hint}")
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return SandboxError(f"sandbox up failed: {where}{exc.strerror or exc}{hint}")
+    return SandboxError(f"sandbox up failed: {exc}{hint}")
+
+
+def _full(exc: BaseException, state_dir: Path) -> bool:
+    """Whether the state root ran out of space: a "No space left on device" in the chain
+    of causes, or (a server that could not write its log died saying nothing) no free
+    block left there now."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in chain:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return os.statvfs(state_dir.parent).f_bavail == 0
+    except OSError:
+        return False

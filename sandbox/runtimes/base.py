@@ -12,15 +12,22 @@ Names are DNS labels (``check_name``), so a state dir is always a direct child o
 root; ``write_record`` creates it with a ``.hw-sandbox-state`` marker, and
 ``remove_state_dir`` removes only a marked directory, never following symlinks and never
 crossing into a mount (``remove_marked_dir``: the same for any directory a runtime marks).
+
+``StateLock`` is the lock of one state dir (``flock`` on the directory itself): ``sandbox
+up`` holds it from before the first record is written until it exits, ``sandbox down``
+while it removes; each refuses the name while the other holds it, so a ``down`` never
+removes what an ``up`` is still making (nor an ``up`` makes into what a ``down`` removes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -145,8 +152,86 @@ def write_record(state_dir: Path, record: dict[str, Any]) -> None:
         (state_dir / STATE_MARKER).write_text("made by `sandbox up`; `sandbox down` removes "
                                               "this directory\n")
     tmp = state_dir / "sandbox.json.tmp"
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(state_dir / "sandbox.json")
+    try:
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(state_dir / "sandbox.json")
+    except BaseException:
+        with contextlib.suppress(OSError):  # a full disk: the last whole record stays
+            tmp.unlink()
+        raise
+
+
+class StateBusy(SandboxError):
+    """Another ``sandbox up`` or ``sandbox down`` holds the sandbox's ``StateLock``."""
+
+
+class StateLock:
+    """The lock of one sandbox's state dir: an exclusive ``flock`` on the directory
+    itself, taken without waiting. Held until ``release`` or until the process exits,
+    however it exits (the kernel drops it with the last descriptor; none is inherited by
+    a child). ``sandbox up`` keeps it until it exits, so a ``down`` that gets the lock
+    knows that ``up`` is over."""
+
+    def __init__(self, state_dir: Path, fd: int, created: bool) -> None:
+        self.state_dir, self._fd, self.created = state_dir, fd, created
+
+    @classmethod
+    def acquire(cls, state_dir: Path, *, create: bool = False,
+                wait: float = 0.0) -> StateLock | None:
+        """Lock ``state_dir`` (first making it, mode 0700, when ``create``; ``created``
+        says whether this call did). None when it does not exist (and not ``create``);
+        StateBusy when another process holds it. Only for a dir this call made, the lock
+        is waited for, up to ``wait`` seconds: whoever holds one made a moment ago is
+        most likely a ``down`` looking whether it is busy (``check_free``)."""
+        check_name(state_dir.name)
+        created = False
+        if create:
+            state_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            with contextlib.suppress(FileExistsError):
+                state_dir.mkdir(mode=0o700)
+                created = True
+        try:
+            fd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+        except OSError as exc:  # a symlink (ELOOP), a file (ENOTDIR)
+            raise SandboxError(f"{state_dir}: exists and was not made by `sandbox up`; not "
+                               f"using it ({exc.strerror})") from None
+        deadline = time.monotonic() + (wait if created else 0.0)
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return cls(state_dir, fd, created)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise StateBusy(
+                        f"sandbox {state_dir.name!r} is coming up or going down: another "
+                        "`sandbox up` or `sandbox down` of it is still running") from None
+                time.sleep(0.05)
+            except BaseException:
+                os.close(fd)
+                raise
+
+    @classmethod
+    def check_free(cls, state_dir: Path) -> None:
+        """StateBusy when another process holds the lock now (taken and dropped at once);
+        nothing when it is free, or there is no such dir (or not one of ours)."""
+        try:
+            lock = cls.acquire(state_dir)
+        except StateBusy:
+            raise
+        except SandboxError:
+            return
+        if lock is not None:
+            lock.release()
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def read_record(state_dir: Path) -> dict[str, Any] | None:

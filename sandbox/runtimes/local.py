@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from sandbox.runtimes.base import (
     remove_state_dir,
     write_record,
 )
-from sandbox.runtimes.steps import Step, run_steps, undo_steps
+from sandbox.runtimes.steps import Step, interrupts_held, run_steps, undo_steps
 from sandbox.supervisor import Proc, log_tail
 
 READY_TIMEOUT = 20.0
@@ -200,16 +200,35 @@ class _Up:
         procs: dict[str, Any] = self.record["nodes"][node]["procs"]
         return procs
 
+    @contextlib.contextmanager
+    def _starting(self) -> Iterator[list[Proc]]:
+        """Processes started in the block (the caller adds each to the list and to the
+        record) are on disk in ``sandbox.json`` when it ends, or stopped: a SIGINT waits
+        until the record is written (``interrupts_held``), and should the record not be
+        written (the state root is full) they are stopped at once. The clean-up stops
+        what the record on disk names, so it never misses a process."""
+        started: list[Proc] = []
+        with interrupts_held():
+            try:
+                yield started
+                write_record(self.state_dir, self.record)
+            except BaseException:
+                supervisor.stop(started, timeout=5.0)
+                raise
+
     def harnesses(self) -> None:
         for node in self.cluster.nodes:
             d = node_dir(self.state_dir, node.name)
-            self.kubelets[node.name] = self.runtime._start_kubelet(node, self.state_dir)
-            self.record["nodes"][node.name] = {
-                "root": str(d / "root"), "socket": str(d / "control.sock"),
-                "kubelet_dir": str(d / "kubelet"), "status_file": str(d / "kubelet-status.json"),
-                "procs": {"kubelet": self.kubelets[node.name].to_json()},
-            }
-            write_record(self.state_dir, self.record)
+            with self._starting() as started:
+                kubelet = self.runtime._start_kubelet(node, self.state_dir)
+                started.append(kubelet)
+                self.kubelets[node.name] = kubelet
+                self.record["nodes"][node.name] = {
+                    "root": str(d / "root"), "socket": str(d / "control.sock"),
+                    "kubelet_dir": str(d / "kubelet"),
+                    "status_file": str(d / "kubelet-status.json"),
+                    "procs": {"kubelet": kubelet.to_json()},
+                }
 
     def mounts(self) -> None:
         # Every server serves the spec resolved here, not its own reading of the profile.
@@ -217,14 +236,15 @@ class _Up:
         spec_file.write_text(spec.dump(self.cluster))
         self.record["spec"] = str(spec_file)
         starting = {}
-        for node in self.cluster.nodes:
-            d = node_dir(self.state_dir, node.name)
-            self.progress(f"{node.name}: mounting fake /sys, /dev, /proc at {d / 'root'}")
-            starting[node.name] = start_node(
-                None, node.base_name, d / "root", index=node.index, state_dir=d,
-                log_file=d / "mount.log", spec_file=spec_file)
-            self._procs(node.name)["mount"] = starting[node.name].to_json()
-        write_record(self.state_dir, self.record)
+        with self._starting() as started:
+            for node in self.cluster.nodes:
+                d = node_dir(self.state_dir, node.name)
+                self.progress(f"{node.name}: mounting fake /sys, /dev, /proc at {d / 'root'}")
+                starting[node.name] = start_node(
+                    None, node.base_name, d / "root", index=node.index, state_dir=d,
+                    log_file=d / "mount.log", spec_file=spec_file)
+                started.append(starting[node.name])
+                self._procs(node.name)["mount"] = starting[node.name].to_json()
         for node in self.cluster.nodes:
             try:
                 wait_node(starting[node.name])
@@ -240,13 +260,15 @@ class _Up:
                 raise RuntimeBackendError(f"kubelet harness {node.name}", str(exc)) from exc
             self.progress(f"{node.name}: fake hardware and kubelet harness up; starting the "
                           "reference device plugin")
-            self._procs(node.name)["plugin"] = supervisor.spawn(
-                f"plugin {node.name}",
-                [sys.executable, "-m", PLUGIN_MODULE, "--root", str(d / "root"),
-                 "--kubelet-dir", str(d / "kubelet"),
-                 # Rescan on the tree's change events, not every second (idle CPU).
-                 "--watch", str(d / "control.sock")], d / "plugin.log").to_json()
-            write_record(self.state_dir, self.record)
+            with self._starting() as started:
+                plugin = supervisor.spawn(
+                    f"plugin {node.name}",
+                    [sys.executable, "-m", PLUGIN_MODULE, "--root", str(d / "root"),
+                     "--kubelet-dir", str(d / "kubelet"),
+                     # Rescan on the tree's change events, not every second (idle CPU).
+                     "--watch", str(d / "control.sock")], d / "plugin.log")
+                started.append(plugin)
+                self._procs(node.name)["plugin"] = plugin.to_json()
 
     def advertised(self) -> None:
         for node in self.cluster.nodes:

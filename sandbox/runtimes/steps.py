@@ -7,12 +7,21 @@ up`` runs the runtime's ``down`` (unless ``--retain`` asks to keep it for debugg
 which is ``undo_steps`` over the same list: every ``undo`` in reverse, each one tolerant
 of a step that never ran (it finds nothing to stop), problems collected rather than
 stopping half-way.
+
+A SIGINT (``KeyboardInterrupt``) may come at any moment of a ``do``; the clean-up then
+undoes what the record on disk names. So whatever must not be half done, a process
+started *and* recorded, runs inside ``interrupts_held``: a SIGINT that arrives there is
+raised as the block ends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from types import FrameType
 
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.runtimes.base import Progress
@@ -53,3 +62,28 @@ def undo_steps(steps: Sequence[Step], progress: Progress) -> list[str]:
             problems.append(f"{step.name}: {exc}")
             progress(f"undoing {step.name}: {exc}")
     return problems
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold SIGINT off for the block: one that arrives inside it raises KeyboardInterrupt
+    as the block ends (after the block's own exception, if any, which becomes its
+    context), so what the block does is done whole or not at all. Only where a SIGINT
+    raises KeyboardInterrupt (the main thread, Python's own handler installed); elsewhere,
+    and inside an outer block, it changes nothing."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, _frame: FrameType | None) -> None:
+        caught.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if caught:
+            raise KeyboardInterrupt
