@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
@@ -352,3 +353,126 @@ def test_a_failed_daemon_start_says_why_at_once(tmp_path: Path) -> None:
     assert 'File "' not in result.stderr
     # Not the 20 s start timeout: the server's exit is noticed when its pipe closes.
     assert waited < 15, waited
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the protocol tests below, which leave no state behind."""
+    srv = start_server(tmp_path_factory.mktemp("protocol") / "root")
+    try:
+        yield srv
+        assert srv.proc.poll() is None, "the server died"
+        assert srv.unmount() == 0
+    finally:
+        srv.cleanup()
+
+
+def _raw(server: Server) -> tuple[socket.socket, BinaryIO]:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)  # no reply fails the test (TimeoutError) instead of hanging it
+    s.connect(str(server.socket))
+    return s, s.makefile("rb")
+
+
+@pytest.mark.parametrize("line", [b"", b"   ", b"\r", b" \t\r"],
+                         ids=["empty", "spaces", "CR", "mixed"])
+def test_a_blank_line_gets_an_error_reply(shared: Server, line: bytes) -> None:
+    s, f = _raw(shared)
+    with s, f:
+        s.sendall(line + b"\n" + b'{"v":1,"op":"get","id":2}\n')
+        reply = json.loads(f.readline())
+        assert (reply["ok"], reply["id"]) == (False, None)
+        assert "empty request line" in reply["error"]
+        assert json.loads(f.readline())["id"] == 2  # the connection goes on
+
+
+GET = '{"v":1,"op":"get","id":"x"}'
+NOT_UTF8 = {
+    "UTF-16 with a byte order mark": GET.encode("utf-16"),
+    "UTF-16-LE": GET.encode("utf-16-le"),
+    "UTF-16-BE": GET.encode("utf-16-be"),
+    "UTF-32": GET.encode("utf-32"),
+    "a UTF-8 byte order mark": GET.encode("utf-8-sig"),
+    "an encoded surrogate": b'{"v":1,"op":"get","id":"\xed\xa0\x80"}',
+    "an escaped lone surrogate": b'{"v":1,"op":"get","id":"\\ud800"}',
+    "a lone low surrogate in a key": b'{"v":1,"op":"get","\\udfff":1}',
+    "a lone surrogate in a device": b'{"v":1,"op":"unplug","device":"gpu0\\udc80"}',
+    "a reversed surrogate pair": b'{"v":1,"op":"get","id":"\\ude00\\ud83d"}',
+}
+
+
+@pytest.mark.parametrize("line", NOT_UTF8.values(), ids=NOT_UTF8.keys())
+def test_a_request_that_is_not_strict_utf8_is_refused(shared: Server, line: bytes) -> None:
+    assert b"\n" not in line
+    with ControlClient(shared.socket, timeout=30) as c:
+        reply = c.send_line(line)
+        assert (reply["ok"], reply["id"]) == (False, None), reply
+        assert reply["error"].startswith("not a JSON line"), reply
+        assert "\\u" not in json.dumps(reply), reply  # nothing of it echoed back
+        assert c.get()["ok"] is True
+
+
+def test_a_surrogate_pair_is_one_character(shared: Server) -> None:
+    with ControlClient(shared.socket) as c:
+        assert c.call({"v": 1, "op": "get", "id": "\U0001f600"})["id"] == "\U0001f600"
+
+
+def _watching(server: Server, after: bytes = b"") -> tuple[socket.socket, BinaryIO]:
+    s, f = _raw(server)
+    s.sendall(b'{"v":1,"op":"watch","id":1}\n' + after)
+    assert json.loads(f.readline()) == {"v": 1, "ok": True, "id": 1, "op": "watch"}
+    return s, f
+
+
+@pytest.mark.parametrize("after", [b"", b'{"v":1,"op":"get"}\n'], ids=["later", "pipelined"])
+def test_a_watcher_that_sends_a_request_is_disconnected(shared: Server, after: bytes) -> None:
+    s, f = _watching(shared, after)
+    with s, f:
+        if not after:
+            s.sendall(b'{"v":1,"op":"get"}\n')
+        reply = json.loads(f.readline())  # before: the request was ignored, no reply
+        assert reply["ok"] is False
+        assert "watching connection" in reply["error"]
+        assert f.readline() == b""  # then closed
+    with ControlClient(shared.socket) as c:
+        assert c.get()["ok"] is True
+
+
+def test_a_watcher_that_floods_is_disconnected_not_drained(shared: Server) -> None:
+    s, f = _watching(shared)
+    sent = 0
+    cap = 64 * 1024 * 1024
+    chunk = b"x" * 65536
+    disconnected = False
+    with s, f:
+        try:
+            while sent < cap:
+                sent += s.send(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            disconnected = True
+    assert disconnected, f"the server read and dropped {sent} bytes"
+    with ControlClient(shared.socket) as c:
+        assert c.get()["ok"] is True
+
+
+def test_a_mount_whose_socket_path_is_too_long_says_so(tmp_path: Path) -> None:
+    """Foreground and daemon: one error line naming the path and the limit; no mount."""
+    require_fuse()
+    state = tmp_path / ("s" * 120)
+    sock = state / "control.sock"
+    root = tmp_path / "root"
+    try:
+        for extra in ([], ["--daemon", "--log-file", str(tmp_path / "log")]):
+            result = _sandbox("mount", "profiles/8gpu-2numa.yaml", "--node", "gpu-worker",
+                              str(root), "--state-dir", str(state), *extra)
+            assert result.returncode == 1, (extra, result.stdout, result.stderr)
+            assert "Traceback" not in result.stderr, result.stderr
+            assert "|" not in result.stderr, result.stderr
+            errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error: ")]
+            assert len(errors) == 1, result.stderr
+            assert str(sock) in errors[0], errors[0]
+            assert "107" in errors[0], errors[0]
+            assert "sun_path" in errors[0], errors[0]
+            assert not os.path.ismount(root)
+    finally:
+        subprocess.run(["fusermount3", "-u", str(root)], capture_output=True, check=False)

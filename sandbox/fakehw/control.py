@@ -34,6 +34,7 @@ from sandbox.fakehw.protocol import (
     PROTOCOL_VERSION,
     ControlPaths,
     Request,
+    check_socket_path,
     control_paths,
     decode_request,
     encode_line,
@@ -55,7 +56,10 @@ WATCH_QUEUE = 1024
 MAX_CONNECTIONS = 1024  # past this, the connection idle the longest is dropped
 MAX_WATCHERS = 256
 LISTEN_BACKLOG = 1024
-_SUN_PATH_MAX = 107
+GOODBYE_TIMEOUT = 1.0  # seconds to send a dropped watcher why, if it does not read
+EMPTY_LINE = "empty request line (send one JSON object per line)"
+WATCH_TAKES_NO_REQUESTS = ("a watching connection takes no requests: disconnected "
+                           "(send requests on another connection)")
 
 
 # -- server -------------------------------------------------------------------------------
@@ -170,8 +174,6 @@ class ControlServer:
                         continue
                     raw = bytes(buf[:nl])
                     del buf[: nl + 1]
-                    if not raw.strip():
-                        continue
                     conn.busy = True
                     reply, watch = await self._dispatch(raw)
                     if watch:
@@ -180,7 +182,7 @@ class ControlServer:
                                 reply.get("id"), f"too many watchers (at most {MAX_WATCHERS})")))
                             return
                         conn.watching = True
-                        await self._watch(stream, nursery, reply)
+                        await self._watch(stream, nursery, reply, spoke=bool(buf))
                         return
                     await stream.send_all(encode_line(reply))
                     conn.busy = False
@@ -193,6 +195,8 @@ class ControlServer:
                 await stream.aclose()
 
     async def _dispatch(self, raw: bytes) -> tuple[dict[str, Any], bool]:
+        if not raw.strip():
+            return error_reply(None, EMPTY_LINE), False
         try:
             obj = decode_request(raw)
         except ControlError as exc:
@@ -287,41 +291,57 @@ class ControlServer:
                 self._watchers.discard(ch)
 
     async def _watch(
-        self, stream: trio.SocketStream, nursery: trio.Nursery, reply: dict[str, Any]
+        self, stream: trio.SocketStream, nursery: trio.Nursery, reply: dict[str, Any], *,
+        spoke: bool,
     ) -> None:
+        """Stream events until the watcher closes, falls WATCH_QUEUE events behind or sends
+        anything (``spoke``: it sent more after its watch request); then return."""
         send, recv = trio.open_memory_channel[dict[str, Any]](WATCH_QUEUE)
         self._watchers.add(send)  # before the reply: no change can slip in between
+        heard = trio.Event()
+        mid_line = False  # a line is being sent (or the last one was sent): no goodbye
         with trio.CancelScope() as scope:
             try:
                 await stream.send_all(encode_line(reply))
-                nursery.start_soon(_cancel_on_eof, stream, scope)
-                async with recv:
-                    async for event in recv:
-                        await stream.send_all(encode_line(event))
-                # The channel was closed under us: the watcher was too slow.
-                overflow = f"watch overflow: more than {WATCH_QUEUE} events behind"
-                await stream.send_all(encode_line(error_reply(None, overflow)))
+                if spoke:
+                    heard.set()
+                else:
+                    nursery.start_soon(_end_on_eof_or_data, stream, scope, heard)
+                    async with recv:
+                        async for event in recv:
+                            mid_line = True
+                            await stream.send_all(encode_line(event))
+                            mid_line = False
+                    # The channel was closed under us: the watcher was too slow.
+                    overflow = f"watch overflow: more than {WATCH_QUEUE} events behind"
+                    mid_line = True
+                    await stream.send_all(encode_line(error_reply(None, overflow)))
             finally:
                 self._watchers.discard(send)
                 send.close()
+        if heard.is_set() and not mid_line:
+            with trio.move_on_after(GOODBYE_TIMEOUT):
+                await stream.send_all(encode_line(error_reply(None, WATCH_TAKES_NO_REQUESTS)))
 
 
-async def _cancel_on_eof(stream: trio.SocketStream, scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` when the peer closes; anything it sends while watching is ignored.
+async def _end_on_eof_or_data(
+    stream: trio.SocketStream, scope: trio.CancelScope, heard: trio.Event
+) -> None:
+    """Cancel ``scope`` when the peer closes or sends anything (then ``heard`` is set): a
+    watching connection takes no requests, and is not read from forever.
 
     Ends on its own once the watch is over: the connection then closes the stream, which
     makes the pending receive raise ClosedResourceError."""
     try:
-        while await stream.receive_some(4096):
-            pass
+        if await stream.receive_some(4096):
+            heard.set()
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
     scope.cancel()
 
 
 async def _bind(path: Path) -> trio.SocketListener:
-    if len(os.fsencode(path)) > _SUN_PATH_MAX:
-        raise MountError(f"{path}: control socket path longer than {_SUN_PATH_MAX} bytes")
+    check_socket_path(path, MountError)
     probe = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         await probe.connect(str(path))

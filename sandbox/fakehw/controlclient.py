@@ -1,11 +1,14 @@
 """The blocking client of a live node's control socket (the CLI, the scenario runner, the
 runtimes and the tests use it); the wire format is ``protocol``'s.
+
+It trusts no server: a reply that is not what a hw-sandbox server sends (too long, not
+strict UTF-8 JSON, the wrong shape for its request) is a ControlError saying the socket
+is "not a hw-sandbox control server", and a refusal's text is shown on one line.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import socket
 import time
@@ -15,7 +18,17 @@ from types import TracebackType
 from typing import Any
 
 from sandbox.errors import ControlError
-from sandbox.fakehw.protocol import MAX_LINE, PROTOCOL_VERSION, encode_line
+from sandbox.fakehw.live import OPS
+from sandbox.fakehw.protocol import (
+    MAX_REPLY,
+    PROTOCOL_VERSION,
+    check_socket_path,
+    decode_reply,
+    encode_line,
+)
+from sandbox.fakehw.states import state_from_json
+
+MAX_ERROR_TEXT = 500  # characters of a server's error message shown
 
 
 def _connect(sock: socket.socket, path: str, timeout: float | None) -> None:
@@ -44,6 +57,7 @@ class ControlClient:
         self, socket_path: str | os.PathLike[str], *, timeout: float | None = 30.0
     ) -> None:
         self.socket_path = Path(socket_path)
+        check_socket_path(self.socket_path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
         try:
@@ -76,12 +90,16 @@ class ControlClient:
 
     # -- raw ----------------------------------------------------------------------------
     def send_line(self, line: bytes) -> dict[str, Any]:
-        """Send one raw line (newline added if missing) and return the decoded reply."""
+        """Send one raw line (newline added if missing) and return the reply, ok or not
+        (ControlError if it is not a reply at all)."""
         try:
             self._sock.sendall(line if line.endswith(b"\n") else line + b"\n")
         except OSError as exc:
             raise ControlError(f"{self.socket_path}: send failed: {exc}") from exc
-        return self._read()
+        reply = self._read()
+        if "ok" not in reply:
+            raise self._impostor('a reply without "ok"')
+        return reply
 
     def call(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Send a request object as is; return the reply whether ok or not."""
@@ -90,22 +108,49 @@ class ControlClient:
     def request(self, op: str, **fields: Any) -> dict[str, Any]:
         """Send ``op`` with ``fields``; return the reply or raise ControlError."""
         self._next_id += 1
-        reply = self.call({"v": PROTOCOL_VERSION, "op": op, "id": self._next_id, **fields})
-        if not reply.get("ok"):
-            raise ControlError(f"{op}: {reply.get('error', 'refused')}")
+        rid = self._next_id
+        reply = self.call({"v": PROTOCOL_VERSION, "op": op, "id": rid, **fields})
+        if not reply["ok"]:
+            if reply.get("id") is not None and not _is_id(reply["id"], rid):
+                raise self._impostor(f"{op} reply: the id of another request")
+            raise ControlError(f"{op}: {_one_line(reply['error'])}")
+        problem = _ok_reply_problem(op, fields, reply, rid)
+        if problem is not None:
+            raise self._impostor(f"{op} reply: {problem}")
         return reply
 
     def _read(self) -> dict[str, Any]:
+        """The next line: a JSON object with "v", and a string "error" if "ok" is false."""
         try:
-            raw = self._file.readline(MAX_LINE * 16)
+            raw = self._file.readline(MAX_REPLY + 1)
         except OSError as exc:
             raise ControlError(f"{self.socket_path}: no reply: {exc}") from exc
         if not raw:
             raise ControlError(f"{self.socket_path}: the server closed the connection")
-        reply = json.loads(raw)
+        if not raw.endswith(b"\n"):
+            if len(raw) > MAX_REPLY:
+                raise self._impostor(f"a reply longer than {MAX_REPLY} bytes")
+            raise ControlError(f"{self.socket_path}: the server closed the connection "
+                               "in the middle of a reply")
+        if not raw.strip():
+            raise self._impostor("an empty reply line")
+        try:
+            reply = decode_reply(raw)
+        except ControlError as exc:
+            raise self._impostor(str(exc)) from None
         if not isinstance(reply, dict):
-            raise ControlError(f"{self.socket_path}: reply is not an object")
+            raise self._impostor("a reply that is not a JSON object")
+        if type(reply.get("v")) is not int or reply["v"] != PROTOCOL_VERSION:
+            raise self._impostor(f'a reply without "v": {PROTOCOL_VERSION}')
+        if "ok" in reply and not isinstance(reply["ok"], bool):
+            raise self._impostor('a reply whose "ok" is not true or false')
+        if reply.get("ok") is False and not isinstance(reply.get("error"), str):
+            raise self._impostor("a refusal without an error message")
         return reply
+
+    def _impostor(self, what: str) -> ControlError:
+        return ControlError(
+            f"{self.socket_path}: not a hw-sandbox control server ({_one_line(what)})")
 
     # -- operations -----------------------------------------------------------------------
     def get(self) -> dict[str, Any]:
@@ -146,5 +191,96 @@ class ControlClient:
         while True:
             event = self._read()
             if event.get("ok") is False:
-                raise ControlError(f"watch: {event.get('error')}")
+                raise ControlError(f"watch: {_one_line(event['error'])}")
+            problem = _event_problem(event)
+            if problem is not None:
+                raise self._impostor(f"watch event: {problem}")
             yield event
+
+
+# -- what a hw-sandbox server replies -----------------------------------------------------
+def _one_line(text: str) -> str:
+    """``text`` for an error message: control and other unprintable characters escaped
+    (one line, no terminal sequences), at most MAX_ERROR_TEXT characters."""
+    if len(text) > MAX_ERROR_TEXT:
+        text = text[:MAX_ERROR_TEXT] + "..."
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _ok_reply_problem(op: str, fields: Mapping[str, Any], reply: dict[str, Any],
+                      rid: int) -> str | None:
+    """What is wrong with a successful ``reply`` to request ``rid``, if anything."""
+    if not _is_id(reply.get("id"), rid):
+        return "the id of another request"
+    if reply.get("op") != op:
+        return f'"op" is not "{op}"'
+    if "seq" in reply and not _is_int(reply["seq"]):
+        return '"seq" is not an integer'
+    if op == "get":
+        return _devices_problem(reply.get("devices"))
+    if op in OPS:
+        if reply.get("device") != fields.get("device"):
+            return "another device"
+        if not isinstance(reply.get("changed"), bool):
+            return '"changed" is not true or false'
+        return _state_problem(reply.get("state"))
+    return None
+
+
+def _devices_problem(devices: object) -> str | None:
+    if not isinstance(devices, list):
+        return '"devices" is not a list'
+    seen: set[str] = set()
+    for i, dev in enumerate(devices):
+        if not isinstance(dev, dict):
+            return f"devices[{i}] is not an object"
+        dev_id = dev.get("id")
+        if not isinstance(dev_id, str) or not dev_id or not dev_id.isprintable():
+            return f'devices[{i}] has no "id"'
+        if dev_id in seen:
+            return f"devices[{i}]: {dev_id} twice"
+        seen.add(dev_id)
+        for key in ("kind", "vendor", "model", "pci_address"):
+            if key in dev and not isinstance(dev[key], str):
+                return f"devices[{i}].{key} is not a string"
+        if "numa_node" in dev and not _is_int(dev["numa_node"]):
+            return f"devices[{i}].numa_node is not an integer"
+        nodes = dev.get("dev_nodes", [])
+        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+            return f"devices[{i}].dev_nodes is not a list of paths"
+        problem = _state_problem(dev.get("state"))
+        if problem is not None:
+            return f"devices[{i}]: {problem}"
+    return None
+
+
+def _state_problem(state: object) -> str | None:
+    if not isinstance(state, dict) or "health" not in state or "plugged" not in state:
+        return '"state" is not an object with "health" and "plugged"'
+    try:
+        state_from_json(state, "state")
+    except ControlError as exc:
+        return str(exc)
+    return None
+
+
+def _event_problem(event: dict[str, Any]) -> str | None:
+    if event.get("event") != "change":
+        return 'not a "change" event'
+    if not _is_int(event.get("seq")):
+        return '"seq" is not an integer'
+    if event.get("op") not in OPS:
+        return f'"op" is not one of {", ".join(OPS)}'
+    if not isinstance(event.get("device"), str):
+        return '"device" is not a device id'
+    return _state_problem(event.get("state"))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_id(value: object, rid: int) -> bool:
+    return type(value) is int and value == rid

@@ -1,6 +1,7 @@
 """The control API's wire format: where a node's socket lives, and its requests.
 
-One JSON object per line (docs/control-api.md); ``parse_request`` turns a decoded request
+One JSON object per line of strict UTF-8 (docs/control-api.md); ``decode_request`` and
+``decode_reply`` turn a line into a JSON value, ``parse_request`` turns a decoded request
 into the ``Change`` it asks for, refusing anything else with a ControlError that names
 the field. Both ends (``control`` the server, ``controlclient`` the client) use it.
 
@@ -18,15 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import ControlError
+from sandbox.errors import ControlError, MountError, SandboxError
 from sandbox.fakehw.live import OPS, Change, Op
 from sandbox.fakehw.tree import Health, Reason
 
 PROTOCOL_VERSION = 1
 MAX_LINE = 64 * 1024
-# Bounds that keep a hostile request cheap to refuse:
-MAX_DIGITS = 20  # integers in a request (ids, num_vfs) are small
+MAX_REPLY = 16 * MAX_LINE  # a reply (a big node's `get`) may be longer than a request
+SUN_PATH_MAX = 107  # bytes in a unix socket path: sun_path is 108 with its NUL
+# Bounds that keep a hostile line cheap to refuse:
+MAX_DIGITS = 20  # integers in a request (ids, num_vfs) or a reply (seq, pid) are small
 MAX_DEPTH = 8  # requests are flat objects; deeper JSON is refused before it is decoded
+MAX_REPLY_DEPTH = 16  # a `get` reply nests 4 levels
 _COMMON_KEYS = frozenset({"v", "op", "id"})
 _OP_KEYS: dict[str, frozenset[str]] = {
     "get": frozenset(),
@@ -51,12 +55,26 @@ class ControlPaths:
 def control_paths(
     root: str | os.PathLike[str], state_dir: str | os.PathLike[str] | None = None
 ) -> ControlPaths:
-    """The socket and state-file paths for a mount at ``root`` (see the module doc)."""
+    """The socket and state-file paths for a mount at ``root`` (see the module doc).
+    MountError if the socket path is too long to bind."""
     if state_dir is not None:
         base = Path(state_dir).absolute()
-        return ControlPaths(base / "control.sock", base / "state.json")
-    r = Path(root).absolute()
-    return ControlPaths(r.parent / f"{r.name}.sock", r.parent / f"{r.name}.state.json")
+        paths = ControlPaths(base / "control.sock", base / "state.json")
+    else:
+        r = Path(root).absolute()
+        paths = ControlPaths(r.parent / f"{r.name}.sock", r.parent / f"{r.name}.state.json")
+    check_socket_path(paths.socket, MountError)
+    return paths
+
+
+def check_socket_path(
+    path: str | os.PathLike[str], error: type[SandboxError] = ControlError
+) -> None:
+    """Raise ``error`` if ``path`` is longer than a unix socket address can hold."""
+    size = len(os.fsencode(path))
+    if size > SUN_PATH_MAX:
+        raise error(f"{os.fspath(path)}: socket path is {size} bytes long; a unix socket "
+                    f"path (sun_path) holds at most {SUN_PATH_MAX} bytes")
 
 
 # -- requests -----------------------------------------------------------------------------
@@ -130,22 +148,46 @@ def _vfs_change(obj: dict[str, Any], device: str) -> Change:
 
 
 def decode_request(raw: bytes) -> object:
-    """One request line -> JSON value, refusing what no client sends: nesting deeper than
-    MAX_DEPTH, integers longer than MAX_DIGITS, NaN/Infinity, duplicate keys. Raises
-    ControlError with the reason."""
-    if _depth(raw) > MAX_DEPTH:
-        raise ControlError(f"not a request: JSON nested deeper than {MAX_DEPTH} levels")
+    """One request line -> JSON value, refusing what no client sends: text that is not
+    strict UTF-8 (a byte order mark, lone surrogates), nesting deeper than MAX_DEPTH,
+    integers longer than MAX_DIGITS, NaN/Infinity, duplicate keys. Raises ControlError
+    with the reason."""
+    return _decode(raw, MAX_DEPTH, "request")
+
+
+def decode_reply(raw: bytes) -> object:
+    """One reply or event line -> JSON value, as strict as ``decode_request`` but nested
+    up to MAX_REPLY_DEPTH. Raises ControlError with the reason."""
+    return _decode(raw, MAX_REPLY_DEPTH, "reply")
+
+
+def _decode(raw: bytes, max_depth: int, what: str) -> object:
+    if _depth(raw, max_depth) > max_depth:
+        raise ControlError(f"not a {what}: JSON nested deeper than {max_depth} levels")
     try:
-        return json.loads(raw, parse_int=_parse_int, parse_constant=_no_constant,
-                          object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = raw.decode("utf-8")  # json.loads(bytes) would take UTF-16 and UTF-32 too
+    except UnicodeDecodeError as exc:
+        raise ControlError(f"not a JSON line: not UTF-8 ({exc.reason} at byte {exc.start})"
+                           ) from None
+    if text.startswith("\ufeff"):
+        raise ControlError("not a JSON line: a byte order mark (send UTF-8 without one)")
+    try:
+        value = json.loads(text, parse_int=_parse_int, parse_constant=_no_constant,
+                           object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as exc:
         raise ControlError(f"not a JSON line: {exc}") from None
     except (ValueError, RecursionError) as exc:
-        raise ControlError(f"not a request: {exc}") from None
+        raise ControlError(f"not a {what}: {exc}") from None
+    # Strict UTF-8 text holds no surrogates: only a \u escape can make one.
+    bad = _lone_surrogate(value) if "\\u" in text else None
+    if bad is not None:
+        raise ControlError(f"not a JSON line: lone surrogate U+{ord(bad):04X} (not UTF-8)")
+    return value
 
 
-def _depth(raw: bytes) -> int:
-    """The deepest nesting of [ and { outside strings (a cheap scan, no recursion)."""
+def _depth(raw: bytes, limit: int) -> int:
+    """The deepest nesting of [ and { outside strings, up to just past ``limit`` (a cheap
+    scan, no recursion)."""
     deepest = depth = 0
     in_string = escaped = False
     for byte in raw:
@@ -161,11 +203,29 @@ def _depth(raw: bytes) -> int:
         elif byte in (0x5B, 0x7B):
             depth += 1
             deepest = max(deepest, depth)
-            if deepest > MAX_DEPTH:
+            if deepest > limit:
                 return deepest
         elif byte in (0x5D, 0x7D):
             depth -= 1
     return deepest
+
+
+def _lone_surrogate(value: object) -> str | None:
+    """The first surrogate code point in any string (key or value) of ``value``."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+            stack.extend(item.keys())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return item[exc.start]
+    return None
 
 
 def _parse_int(text: str) -> int:
