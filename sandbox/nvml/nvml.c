@@ -11,7 +11,10 @@
  *
  * <root> is $HWSANDBOX_NVML_ROOT (default "/"). $HWSANDBOX_NVML_LOG (a path, or "-" for
  * stderr) logs every call this library does not implement; those return
- * NVML_ERROR_NOT_SUPPORTED. One mutex guards all state; nvmlEventSetWait sleeps without it.
+ * NVML_ERROR_NOT_SUPPORTED. One mutex guards all state; nvmlEventSetWait sleeps without it,
+ * and nothing done with it held waits on a file: every file read must be a regular file,
+ * opened O_NONBLOCK | O_NOFOLLOW (slurp), and log lines to a stream that could block are
+ * dropped rather than waited for (log_write).
  * Handles point into static arrays and are validated before use, so a stale or bogus
  * handle gives NVML_ERROR_INVALID_ARGUMENT (or UNINITIALIZED), never a crash.
  */
@@ -20,12 +23,15 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -274,30 +280,105 @@ static struct event_set g_sets[MAX_EVENT_SETS];
 static char g_root[4096] = "/";
 static long g_refresh_ms = DEFAULT_REFRESH_MS;
 static struct timespec g_last_refresh;
-static FILE *g_log;
+static int g_log_fd = -1;   /* HWSANDBOX_NVML_LOG's descriptor; -1: not logging */
+static int g_log_guarded;   /* it could block (stderr as a pipe, socket or tty) */
+
+/* True if a write to ``fd`` could wait (a pipe, socket or terminal), not a regular file. */
+static int may_block(int fd) {
+    struct stat st;
+    return !(fstat(fd, &st) == 0 && S_ISREG(st.st_mode));
+}
+
+/* One line, in one write(2). Lines are logged with the library's lock held, so a stream
+ * that could block (stderr as a pipe nobody drains) gets the line only if poll says it
+ * takes one now; else the line is dropped. Lines are under PIPE_BUF, so a writable pipe
+ * takes the whole line at once. */
+static void log_write(int fd, int guarded, const char *buf, size_t n) {
+    if (guarded) {
+        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
+        if (poll(&pfd, 1, 0) != 1 || !(pfd.revents & POLLOUT))
+            return;
+    }
+    while (n) {
+        ssize_t w = write(fd, buf, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return;
+        buf += w;
+        n -= (size_t)w;
+    }
+}
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void logf_(const char *fmt, ...) {
-    if (!g_log)
+    if (g_log_fd < 0)
         return;
+    char line[512];
+    const size_t room = sizeof line - 1; /* the last byte is for the newline */
+    int k = snprintf(line, room, "hwsandbox-nvml: ");
     va_list ap;
     va_start(ap, fmt);
-    fprintf(g_log, "hwsandbox-nvml: ");
-    vfprintf(g_log, fmt, ap);
-    fprintf(g_log, "\n");
-    fflush(g_log);
+    int m = vsnprintf(line + k, room - (size_t)k, fmt, ap);
     va_end(ap);
+    if (m < 0)
+        return;
+    size_t len = (size_t)k + ((size_t)m < room - (size_t)k ? (size_t)m : room - (size_t)k - 1);
+    line[len++] = '\n';
+    log_write(g_log_fd, g_log_guarded, line, len);
 }
 
+/* HWSANDBOX_NVML_LOG: "-" is stderr; anything else must be a regular file (created if
+ * missing, appended to). The log is only diagnostics, so a path that is no regular file,
+ * or cannot be opened, means no log, said once on stderr, and nvmlInit goes on as without
+ * the variable; failing nvmlInit over it would take the GPUs away for a typo. A FIFO would
+ * block a plain open until a reader comes (here, inside pthread_once: every nvmlInit and
+ * every stub waits too) and then every write once the pipe is full, with the lock held:
+ * so the open is O_NONBLOCK (a FIFO without a reader fails at once, ENXIO) and fstat
+ * refuses what opened. Links are followed: this path is the user's, not the tree's.
+ * /dev/null is taken as "no log", quietly. */
 static pthread_once_t g_log_once = PTHREAD_ONCE_INIT;
 static void log_init(void) {
     const char *p = getenv("HWSANDBOX_NVML_LOG");
     if (!p || !*p)
         return;
-    if (strcmp(p, "-") == 0)
-        g_log = stderr;
-    else
-        g_log = fopen(p, "ae");
+    if (strcmp(p, "-") == 0) {
+        g_log_guarded = may_block(2);
+        g_log_fd = 2;
+        return;
+    }
+    const char *why = "not a regular file";
+    char err[128];
+    struct stat st;
+    int fd = open(p, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0666);
+    int have_st = fd >= 0 && fstat(fd, &st) == 0;
+    if (have_st && S_ISREG(st.st_mode)) {
+        g_log_fd = fd; /* O_NONBLOCK stays: it means nothing for a regular file */
+        return;
+    }
+    if (fd >= 0) {
+        int devnull = have_st && S_ISCHR(st.st_mode) && major(st.st_rdev) == 1 &&
+                      minor(st.st_rdev) == 3;
+        close(fd);
+        if (devnull)
+            return;
+    } else {
+        int e = errno;
+        if (stat(p, &st) != 0 || S_ISREG(st.st_mode))
+            why = strerror_r(e, err, sizeof err);
+    }
+    char line[512];
+    int n = snprintf(line, sizeof line,
+                     "hwsandbox-nvml: HWSANDBOX_NVML_LOG=%s: %s; not logging (give a regular "
+                     "file, or - for stderr)\n", p, why);
+    if (n <= 0)
+        return;
+    size_t len = (size_t)n;
+    if (len >= sizeof line) { /* cut: still one line */
+        len = sizeof line - 1;
+        line[len - 1] = '\n';
+    }
+    log_write(2, may_block(2), line, len);
 }
 
 /* called by every stub (generated from entrypoints.txt) */
@@ -329,12 +410,46 @@ static int path_of(char *out, size_t n, const char *fmt, ...) {
     return (m < 0 || (size_t)m >= n - (size_t)k) ? -1 : 0;
 }
 
-/* whole file into a NUL-terminated malloc'd buffer; NULL if missing or too big */
-static char *slurp(const char *path, size_t max) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
+/* why slurp gave NULL */
+enum { SL_MISSING = 1, SL_REFUSED, SL_FAILED };
+
+static const char *slurp_why(int why) {
+    return why == SL_MISSING ? "missing"
+           : why == SL_REFUSED ? "not a regular file"
+                               : "unreadable, or too big";
+}
+
+/* A file of the tree, whole, into a NUL-terminated malloc'd buffer; NULL (and *why) if it
+ * is missing, is no regular file, cannot be read or holds more than ``max`` bytes.
+ *
+ * Called with the library's lock held (every state-file refresh, nvmlInit), so it never
+ * waits on the file: a FIFO's open waits for a writer and its read for data, a device's
+ * for whatever the device does, and every other thread calling in would wait behind the
+ * lock. Opened O_NONBLOCK (a FIFO or device opens at once), then refused unless fstat says
+ * regular file. O_NOFOLLOW: the tree (the FUSE mount, a `sandbox render` directory, or a
+ * real host's /proc and /sys) serves these files as files, never as links, and a link
+ * could lead anywhere outside it; links in the directories above (sysfs'
+ * bus/pci/devices/<bdf>) are still followed. O_NONBLOCK stays set: for a regular file it
+ * changes nothing. The read is bounded by ``max``. */
+static char *slurp(const char *path, size_t max, int *why) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY);
+    struct stat st;
+    if (fd < 0) {
+        int e = errno;
+        if (e == ENOENT || e == ENOTDIR)
+            *why = SL_MISSING;
+        else /* ELOOP (a link), or a device or FIFO that would not open */
+            *why = lstat(path, &st) == 0 && !S_ISREG(st.st_mode) ? SL_REFUSED : SL_FAILED;
         return NULL;
-    size_t cap = 4096, len = 0;
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        *why = SL_REFUSED;
+        close(fd);
+        return NULL;
+    }
+    *why = SL_FAILED;
+    /* room for up to max + 1 bytes (and the NUL): reading that many means too big */
+    size_t cap = max + 2 < 4096 ? max + 2 : 4096, len = 0;
     char *buf = malloc(cap);
     if (!buf) {
         close(fd);
@@ -342,19 +457,20 @@ static char *slurp(const char *path, size_t max) {
     }
     for (;;) {
         if (len + 1 >= cap) {
-            if (cap >= max) {
+            if (cap >= max + 2) { /* more than max bytes */
                 free(buf);
                 close(fd);
                 return NULL;
             }
-            char *nb = realloc(buf, cap * 2);
+            size_t ncap = cap * 2 < max + 2 ? cap * 2 : max + 2;
+            char *nb = realloc(buf, ncap);
             if (!nb) {
                 free(buf);
                 close(fd);
                 return NULL;
             }
             buf = nb;
-            cap *= 2;
+            cap = ncap;
         }
         ssize_t r = read(fd, buf + len, cap - 1 - len);
         if (r < 0 && errno == EINTR)
@@ -398,7 +514,8 @@ static int read_hex(const char *dir, const char *attr, unsigned int *out) {
     char p[4096];
     if (snprintf(p, sizeof p, "%s/%s", dir, attr) >= (int)sizeof p)
         return -1;
-    char *s = slurp(p, 4096);
+    int why;
+    char *s = slurp(p, 4096, &why);
     if (!s)
         return -1;
     char *end;
@@ -432,9 +549,12 @@ static int load_identity(struct gpu *g, const char *bdf) {
         return -1;
     if (path_of(p, sizeof p, "/proc/driver/nvidia/gpus/%s/information", bdf))
         return -1;
-    char *info = slurp(p, 65536);
-    if (!info)
+    int why;
+    char *info = slurp(p, 65536, &why);
+    if (!info) {
+        logf_("init: %s: %s", p, slurp_why(why));
         return -1;
+    }
     int have_uuid = 0, have_minor = 0;
     for (char *save = NULL, *line = strtok_r(info, "\n", &save); line;
          line = strtok_r(NULL, "\n", &save)) {
@@ -468,7 +588,7 @@ static int load_identity(struct gpu *g, const char *bdf) {
     char np[4096];
     g->numa = -1;
     if (snprintf(np, sizeof np, "%s/numa_node", p) < (int)sizeof np) {
-        char *s = slurp(np, 64);
+        char *s = slurp(np, 64, &why);
         if (s) {
             g->numa = atoi(s);
             free(s);
@@ -646,23 +766,27 @@ static int parse_state(char *text, struct state *st) {
     return 0;
 }
 
-static char *read_state_text(void) {
+static char *read_state_text(int *why) {
     char p[4096];
-    if (path_of(p, sizeof p, "/proc/driver/nvidia/hwsandbox/nvml"))
+    if (path_of(p, sizeof p, "/proc/driver/nvidia/hwsandbox/nvml")) {
+        *why = SL_MISSING;
         return NULL;
-    return slurp(p, STATE_MAX);
+    }
+    return slurp(p, STATE_MAX, why);
 }
 
 /* Re-read the state file if the last read is older than the refresh interval (or
- * ``force``). A missing or malformed file keeps the last good state. Lock held. */
+ * ``force``). A missing, malformed or refused (no regular file) one keeps the last good
+ * state. Lock held: slurp never blocks. */
 static struct state g_scratch;
 static void refresh_locked(int force) {
     if (!force && g_refresh_ms > 0 && ms_since(&g_last_refresh) < g_refresh_ms)
         return;
-    char *text = read_state_text();
+    int why;
+    char *text = read_state_text(&why);
     clock_gettime(CLOCK_MONOTONIC, &g_last_refresh);
     if (!text) {
-        logf_("state file unreadable; keeping the last state");
+        logf_("state file %s; keeping the last state", slurp_why(why));
         return;
     }
     memcpy(&g_scratch, &g_st, sizeof g_st);
@@ -721,10 +845,14 @@ static nvmlReturn_t do_init(void) {
         free(names[i]);
     }
     qsort(g_scratch.gpus, (size_t)g_scratch.ngpus, sizeof g_scratch.gpus[0], cmp_gpu);
-    text = read_state_text();
+    int why;
+    text = read_state_text(&why);
     if (!text) {
-        logf_("init: state file %s/proc/driver/nvidia/hwsandbox/nvml missing", g_root);
-        ret = R_DRIVER_NOT_LOADED;
+        /* missing (or unreadable): no driver; there but no regular file (a FIFO, a device,
+         * a link): as a malformed one */
+        logf_("init: state file %s/proc/driver/nvidia/hwsandbox/nvml: %s", g_root,
+              slurp_why(why));
+        ret = why == SL_REFUSED ? R_UNKNOWN : R_DRIVER_NOT_LOADED;
         goto out;
     }
     if (parse_state(text, &g_scratch) != 0) {
