@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.daemon:
         if args.pid_file is not None:
             check_target(args.pid_file, force=True)  # before a server is left running
+        paths = control_paths(root, args.state_dir)  # a socket path too long: say so here
         log_file = args.log_file or root.absolute().parent / f"{root.name}.log"
         extra: list[str] = []
         if args.dev_map is not None:
@@ -90,7 +91,6 @@ def run(args: argparse.Namespace) -> int:
                          dev_dir=args.dev_dir, extra=extra, spec_file=spec_file).pid
         if args.pid_file is not None:
             write_file(args.pid_file, f"{pid}\n", force=True)
-        paths = control_paths(root, args.state_dir)
         print(f"mounted {root} (pid {pid}); control socket {paths.socket}; log {log_file}")
         return 0
     if args.dev and args.dev_map is None:

@@ -14,8 +14,10 @@ runtime reads it for ``up`` (waiting until the plugin has advertised) and ``stat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,9 +59,17 @@ def status_data(snap: Snapshot, numa_nodes: list[int] | None = None) -> dict[str
 def write_status(path: Path, snap: Snapshot, numa_nodes: list[int] | None = None) -> None:
     """Write the status JSON so that a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(status_data(snap, numa_nodes), indent=1) + "\n")
-    os.replace(tmp, path)
+    # a fresh name (O_EXCL): never written through a link planted at a predictable name
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(status_data(snap, numa_nodes), indent=1) + "\n")
+        os.chmod(tmp, 0o644)  # readers (status, tests) are not always its writer
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_status(path: Path) -> list[ResourceCounts]:
