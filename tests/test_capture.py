@@ -24,6 +24,7 @@ import yaml
 from sandbox.capture import Capture, CaptureError, capture, write_capture
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
+from sandbox.outfile import OutputError
 from sandbox.profile import load_profile, load_profile_text
 from sandbox.profile.cpulist import parse_cpulist
 
@@ -279,7 +280,7 @@ def test_write_refuses_to_overwrite(demo_root: Path, tmp_path: Path) -> None:
     result = capture(demo_root)
     out = tmp_path / "p.yaml"
     out.write_text("mine\n")
-    with pytest.raises(CaptureError, match="exists; pass --force"):
+    with pytest.raises(OutputError, match="exists; pass --force"):  # the one writer's
         write_capture(result, out)
     assert out.read_text() == "mine\n"
     write_capture(result, out, force=True)

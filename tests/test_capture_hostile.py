@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandbox.capture import capture
-from sandbox.profile import load_profile_text
+from sandbox.capture import CaptureError, capture, write_capture
+from sandbox.profile import catalogue, load_profile_text
+from tests.test_capture_fuzz import Watch
 
 CPU = "sys/devices/system/cpu"
+NODE = "sys/devices/system/node"
 DMI = "sys/devices/virtual/dmi/id"
 PCI = "sys/bus/pci/devices"
 HOSTNAME = "proc/sys/kernel/hostname"
@@ -184,3 +187,148 @@ def test_a_hostile_driver_link_and_root_path(tmp_path: Path) -> None:
     assert all(ln.startswith("#") for ln in _header(result.text))
     assert not any(ch in result.text for ch in "\u2028\u2029")
     assert set(yaml.safe_load(result.text)) == {"apiVersion", "kind", "metadata", "nodes"}
+
+
+# What the capture fuzz (tests/test_capture_fuzz.py) found, one test each.
+
+
+def test_a_fifo_or_device_node_is_never_opened(root: Path) -> None:
+    """Capture checks what a path is (O_PATH) before it opens it: a FIFO or device node
+    where a file belongs is never opened, not even O_NONBLOCK (that lets a FIFO's waiting
+    writer go on, and runs a device's driver). inotify sees every open of them."""
+    watch = Watch()
+    made = []
+    for rel in (f"{DMI}/product_name", f"{DEVICE}/class", "proc/meminfo"):
+        (root / rel).unlink()
+        os.mkfifo(root / rel)
+        made.append(root / rel)
+    (root / DMI / "sys_vendor").unlink()
+    try:  # /dev/null's numbers: harmless, were it opened
+        os.mknod(root / DMI / "sys_vendor", 0o644 | stat.S_IFCHR, os.makedev(1, 3))
+        made.append(root / DMI / "sys_vendor")
+    except PermissionError:
+        pass  # no CAP_MKNOD here: the FIFOs still show it
+    for path in made:
+        watch.add(path)
+    watch.proven(made[0])
+    try:
+        result = capture(root)
+        opened = watch.events()
+    finally:
+        watch.close()
+    assert opened == []
+    load_profile_text(result.text, "<hostile>")
+
+
+def test_numa_cpulists_that_are_not_a_partition_are_made_one(root: Path) -> None:
+    """CPU 0 listed by two NUMA nodes, CPU 1 by none: a profile gives every CPU exactly
+    one node, so CPU 0 stays in node 0, CPU 1 goes there, and the header says both."""
+    for n in range(2):
+        _write(root / NODE / f"node{n}" / "cpulist", "0\n")
+        _write(root / NODE / f"node{n}" / "meminfo", f"Node {n} MemTotal: 4096 kB\n")
+    result = capture(root)
+    load_profile_text(result.text, "<hostile>")
+    assert [n["cpus"] for n in result.profile["nodes"][0]["numa"]["nodes"]] == ["0-1", ""]
+    assert any("CPUs 0 are in more than one NUMA node" in n for n in result.left_out)
+    assert any("CPUs 1 are in no NUMA node" in n for n in result.left_out)
+
+
+def test_hugepages_past_the_node_memory_are_left_out_and_said(root: Path) -> None:
+    _write(root / NODE / "node0" / "cpulist", "0-1\n")
+    _write(root / NODE / "node0" / "meminfo", "Node 0 MemTotal: 4096 kB\n")
+    _write(root / NODE / "node0/hugepages/hugepages-2048kB/nr_hugepages", "16\n")
+    result = capture(root)
+    load_profile_text(result.text, "<hostile>")
+    assert "hugepages" not in result.profile["nodes"][0]["numa"]["nodes"][0]
+    assert any("hugepages (16 x 2Mi) more than its memory" in n for n in result.left_out)
+
+
+@pytest.mark.parametrize(("rel", "text"), [
+    (f"{DEVICE}/vendor", "0x1ffff"), (f"{DEVICE}/device", "-0x1"),
+    (f"{DEVICE}/class", "0x1ffffff"), (f"{DEVICE}/vendor", "0x١٢٣٤"),
+])
+def test_a_pci_id_out_of_range_is_no_function(root: Path, rel: str, text: str) -> None:
+    """An id a PCI function cannot have is no id: the function is not read, and said."""
+    _write(root / rel, text + "\n")
+    result = capture(root)
+    load_profile_text(result.text, "<hostile>")
+    assert result.profile["nodes"][0]["devices"] == []
+    assert any(f"without readable vendor, device and class ids (not read): {ADDRESS}" in n
+               for n in result.left_out)
+
+
+@pytest.mark.parametrize(("rel", "text"), [
+    ("proc/cpuinfo", "processor\t: 0\ncpu family\t: -1\nmodel\t\t: -7\ncpu MHz\t\t: inf\n"),
+    ("proc/cpuinfo", "processor\t: 0\ncpu MHz\t\t: 1e999\nmodel\t\t: 0x" + "f" * 5000 + "\n"),
+    ("proc/meminfo", "MemTotal: ² kB\nSwapTotal: ² kB\n"),  # isdigit() says yes, int() no
+    (f"{DEVICE}/aer_dev_fatal", "TOTAL_ERR_FATAL ²\n"),
+    (f"{CPU}/online", "0-65535," * 8000),  # 64 KiB naming 500 million CPUs
+])
+def test_numbers_python_parses_but_sysfs_never_writes(root: Path, rel: str, text: str) -> None:
+    _write(root / rel, text)
+    result = capture(root)
+    load_profile_text(result.text, "<hostile>")
+
+
+def test_a_negative_vf_count(root: Path) -> None:
+    nic = catalogue.NICS["mellanox"]["connectx-6"]
+    for name, value in {"vendor": f"0x{nic.vendor_id:04x}", "device": f"0x{nic.device_id:04x}",
+                        "class": f"0x{nic.class_code:06x}", "sriov_totalvfs": "8",
+                        "sriov_numvfs": "-5"}.items():
+        _write(root / DEVICE / name, value + "\n")
+    result = capture(root)
+    load_profile_text(result.text, "<hostile>")
+    assert result.profile["nodes"][0]["devices"][0]["sriov"] == {"totalVFs": 8, "numVFs": 0}
+
+
+def test_a_cpu_listed_again_is_one_sibling(root: Path) -> None:
+    """thread_siblings_list names CPUs: 0 listed 12 times is one thread (not 12, which a
+    profile cannot hold, nor 8)."""
+    _write(root / CPU / "cpu0/topology/thread_siblings_list", "0,0,0,0,0,0,0,0,0,0,0,0\n")
+    result = capture(root)
+    load_profile_text(result.text, "<hostile>")
+    assert result.profile["nodes"][0]["cpu"]["threadsPerCore"] == 1
+
+
+def test_an_iommu_group_named_by_a_superscript(root: Path) -> None:
+    _link(root, f"{DEVICE}/iommu_group", "../../../kernel/iommu_groups/²")
+    load_profile_text(capture(root).text, "<hostile>")
+
+
+@pytest.mark.parametrize("host", ["12", "yes", "null", "0x1f"])
+def test_a_hostname_yaml_reads_as_another_type(root: Path, host: str) -> None:
+    """The profile's names are strings, whatever YAML would make of them unquoted."""
+    _write(root / HOSTNAME, host + "\n")
+    result = capture(root)
+    load_profile_text(result.text, "<hostile>")
+    assert result.profile["metadata"]["name"] == host
+    assert yaml.safe_load(result.text)["nodes"][0]["name"] == host
+
+
+def test_names_that_are_not_utf8(tmp_path: Path) -> None:
+    """A root path and a driver name that are not UTF-8 (os.fsdecode gives lone
+    surrogates, which UTF-8 cannot encode): the profile is still text, and written."""
+    root = tmp_path / os.fsdecode(b"root\xff\xfe")
+    _machine(root)
+    os.symlink(b"../../../bus/pci/drivers/\xff\xfe", os.fsencode(root / DEVICE / "driver"))
+    result = capture(root)
+    load_profile_text(result.text, "<hostile>")
+    write_capture(result, tmp_path / "out.yaml")
+    assert (tmp_path / "out.yaml").read_bytes() == result.text.encode()
+
+
+def test_more_memory_than_a_profile_holds_is_a_located_error(root: Path) -> None:
+    _write(root / "proc" / "meminfo", "MemTotal: 1125899906842624 kB\n")
+    with pytest.raises(CaptureError) as err:
+        capture(root)
+    assert str(err.value) == (f"{root}: proc/meminfo: MemTotal 1125899906842624 kB; a "
+                              "profile holds at most 1024Ti there")
+
+
+def test_an_error_names_a_root_with_a_newline_on_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "odd\nroot\u2028x"
+    root.mkdir()
+    with pytest.raises(CaptureError) as err:
+        capture(root)
+    assert str(err.value).startswith(f"{tmp_path}/odd\\nroot\\u2028x: not a machine root")
+    assert len(str(err.value).splitlines()) == 1

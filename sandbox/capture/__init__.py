@@ -29,6 +29,12 @@ has on the machine (a tree we rendered captures back to the same profile); other
 machine's addresses are kept as ``pciAddresses``. The output is validated (loaded and
 resolved) before it is returned, and its header comment lists what was left out.
 
+A machine past what a profile holds (logical CPUs and the topology's sockets, cores and
+threads, NUMA nodes, PCI devices and functions, memory) is refused with one
+``CaptureError`` naming the root, what was counted where, and the limit; never captured
+as a smaller machine. The counts come first: a PCI directory far past the limit is
+refused from its names, before any function is read.
+
 One concern per module; this one puts them together (``capture``) and validates:
 
     reading   the root's files (regular files only, never written), each PCI function's
@@ -110,8 +116,12 @@ def capture(root: str | os.PathLike[str] = "/", name: str | None = None,
         # Keep the machine's addresses: with its host bridges if the profile takes them.
         kept = [Doc(**{**doc.__dict__, "with_addresses": True, "host_bridges": hb})
                 for hb in ([bridges, None] if bridges is not None else [None])]
-        problems = [_problem(k.yaml([])) for k in kept]
-        ok = [k for k, problem in zip(kept, problems, strict=True) if problem is None]
+        problems: list[str | None] = []
+        for k in kept:  # the first that validates (each check parses a whole profile)
+            problems.append(_problem(k.yaml([])))
+            if problems[-1] is None:
+                break
+        ok = [k for k, problem in zip(kept, problems, strict=False) if problem is None]
         if ok:
             doc = ok[0]
             addresses_note = ("PCI addresses: kept as pciAddresses (the resolver's own plan "
@@ -146,7 +156,7 @@ def capture(root: str | os.PathLike[str] = "/", name: str | None = None,
     text = doc.yaml(header)
     problem = _problem(text)
     if problem is not None:  # a bug: every field was checked on the way in
-        raise CaptureError(f"the captured profile does not validate: {problem}")
+        raise CaptureError(f"{r.where}: the captured profile does not validate: {problem}")
     return Capture(text, plain(doc.data()), tuple(left_out), addresses)
 
 

@@ -10,8 +10,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox.capture.reading import PCI_DIR, Function, Root, quantity, read_function
+from sandbox.capture.reading import (
+    PCI_DIR,
+    CaptureError,
+    Function,
+    Root,
+    quantity,
+    read_function,
+)
 from sandbox.profile import catalogue, model
+from sandbox.profile.resolve import limits
 
 _MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
 _DRIVER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
@@ -114,9 +122,11 @@ def _nvme_entry(fns: list[Function], nvme: tuple[str, str], numa: int, comment: 
         lba = lbas.pop() if len(lbas) == 1 else None
         sizes = {size for size, _ in spaces}
         capacity = sum(size for size, _ in spaces) * 512
-        if lba not in (512, 4096) or len(sizes) != 1 or len(spaces) > 16 or capacity <= 0:
-            left_out.append(f"{fn.address}: namespaces of different sizes or block sizes "
-                            "(captured as the model's capacity, one namespace)")
+        if (lba not in (512, 4096) or len(sizes) != 1 or len(spaces) > 16 or capacity <= 0
+                or capacity > model.MAX_QUANTITY):
+            left_out.append(f"{fn.address}: namespaces the profile cannot say (of "
+                            "different sizes or block sizes, more than 16, or past 1Pi): "
+                            "captured as the model's capacity, one namespace")
         else:
             if len(spaces) != 1:
                 fields["namespaces"] = len(spaces)
@@ -300,21 +310,58 @@ def _is_bridge(class_code: int) -> bool:
 
 
 
+# PCI functions capture reads at most, bridges and SR-IOV VFs (not devices of the profile)
+# included: a machine can have many more of those than a profile's functions, but a
+# directory past this many entries is refused from its names, without reading them.
+PCI_READ_FACTOR = 4
+
+
+
+def _read_functions(root: Root, left_out: list[str]) -> list[Function]:
+    """Every PCI function below ``PCI_DIR``; a ``CaptureError`` as soon as there are more
+    than a profile holds (the names are counted first, the endpoints as they are read)."""
+    names = root.names(PCI_DIR, r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]")
+    most = limits.MAX_FUNCTIONS
+    if len(names) > PCI_READ_FACTOR * most:
+        raise CaptureError(f"{root.where}: {len(names)} PCI functions under {PCI_DIR}; a "
+                           f"profile holds at most {most} per node (capture reads at most "
+                           f"{PCI_READ_FACTOR * most}, bridges and SR-IOV VFs included)")
+    fns: list[Function] = []
+    unread: list[str] = []
+    endpoints = 0
+    for address in names:
+        fn = read_function(root, address)
+        if fn is None:
+            unread.append(address)
+            continue
+        fns.append(fn)
+        endpoints += not _is_bridge(fn.class_code) and not fn.is_vf
+        if endpoints > most:
+            raise CaptureError(f"{root.where}: more than {most} PCI functions (not bridges or "
+                               f"SR-IOV VFs) under {PCI_DIR}; a profile holds at most {most} "
+                               "per node")
+    if unread:
+        more = f" and {len(unread) - 12} more" if len(unread) > 12 else ""
+        left_out.append(f"{len(unread)} PCI function(s) without readable vendor, device and "
+                        f"class ids (not read): {', '.join(unread[:12])}{more}")
+    return fns
+
+
+
 def read_pci(root: Root, numa_count: int, left_out: list[str]
               ) -> tuple[list[Entry], list[Function]]:
-    fns = [f for a in root.names(PCI_DIR, r"[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]")
-           if (f := read_function(root, a)) is not None]
+    fns = _read_functions(root, left_out)
     bridges = [f for f in fns if _is_bridge(f.class_code)]
     if bridges:
         shown = ", ".join(f"{f.address} ({f.ids} class {f.class_code:06x})" for f in bridges[:12])
         more = f" and {len(bridges) - 12} more" if len(bridges) > 12 else ""
         left_out.append(f"{len(bridges)} PCI bridge(s), which the resolver plans itself: "
                         f"{shown}{more}")
-    vfs = [f for f in fns if f.is_vf and f not in bridges]
+    vfs = [f for f in fns if f.is_vf and not _is_bridge(f.class_code)]
     if vfs:
         left_out.append(f"{len(vfs)} SR-IOV VFs: counted on their PF (numVFs); the resolver "
                         "plans their addresses")
-    endpoints = [f for f in fns if f not in bridges and f not in vfs]
+    endpoints = [f for f in fns if not _is_bridge(f.class_code) and not f.is_vf]
     if endpoints and all(f.iommu_group is not None for f in endpoints):
         # The resolver numbers IOMMU groups in profile order: keeping that order makes a
         # tree we rendered capture back to the same order.
@@ -322,7 +369,12 @@ def read_pci(root: Root, numa_count: int, left_out: list[str]
     if any(f.numa_raw < 0 for f in endpoints):
         left_out.append("PCI functions with numa_node -1 (no firmware affinity) are placed "
                         "on NUMA node 0: the tree always names a node")
-    entries = [_classify(g, numa_count, left_out) for g in _group_functions(endpoints)]
+    groups = _group_functions(endpoints)
+    if len(groups) > limits.MAX_DEVICES:
+        raise CaptureError(f"{root.where}: {len(groups)} PCI devices under {PCI_DIR} "
+                           "(functions that are not bridges or SR-IOV VFs, a NIC's ports one "
+                           f"device); a profile holds at most {limits.MAX_DEVICES} per node")
+    entries = [_classify(g, numa_count, left_out) for g in groups]
     for e in entries:
         e.addresses = [e.functions[0].address]
     return entries, fns

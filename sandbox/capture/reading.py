@@ -26,7 +26,10 @@ DMI_DIR = "sys/devices/virtual/dmi/id"
 _READ_LIMIT = 1 << 16  # no sysfs attribute or proc file we read is near this, but:
 CPUINFO_LIMIT = 1 << 23  # proc/cpuinfo: ~1.5 KiB per CPU (flags), thousands of CPUs
 _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-1][0-9a-f]\.[0-7]$")
-CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
+# What may not go into one line of YAML: control characters, line and paragraph
+# separators, and the lone surrogates a name that is not UTF-8 decodes to (os.fsdecode);
+# UTF-8 cannot encode those, so a profile holding one could not be written.
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff]")
 
 
 
@@ -75,6 +78,7 @@ class Root:
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.path = Path(root)
+        self.where = shown(str(self.path))  # for messages: one line
         self._dirfd: int | None = None
         try:
             self._dirfd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -86,6 +90,9 @@ class Root:
             if exc.errno == errno.ENOSYS:
                 raise CaptureError("capture needs openat2(2) (Linux 5.6 or later) to read "
                                    "a root safely; this kernel does not have it") from None
+        if not os.path.exists(f"/proc/self/fd/{self._dirfd}"):
+            raise CaptureError("capture needs /proc mounted (it reopens each file it has "
+                               "checked is a regular file through /proc/self/fd)")
 
     def __del__(self) -> None:
         if getattr(self, "_dirfd", None) is not None:
@@ -98,14 +105,27 @@ class Root:
 
     def read(self, rel: str, limit: int = _READ_LIMIT) -> str | None:
         """A regular file's text (sysfs and proc files are), None when missing, not
-        regular, unreadable or larger than ``limit`` bytes."""
+        regular, unreadable or larger than ``limit`` bytes.
+
+        Only a regular file is ever opened for reading: the path is opened O_PATH (which
+        opens nothing) and checked, then that same file reopened through /proc/self/fd.
+        Opening a FIFO would let a writer waiting on it go on, and opening a device node
+        runs its driver (a watchdog's arms it), O_NONBLOCK or not."""
         try:
-            fd = self._open(rel, os.O_RDONLY | os.O_NONBLOCK)
+            where = self._open(rel, os.O_PATH)
         except (OSError, ValueError):
             return None
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            if not stat.S_ISREG(os.fstat(where).st_mode):
                 return None
+            fd = os.open(f"/proc/self/fd/{where}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        finally:
+            os.close(where)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None  # not reached: the same file, reopened
             data = _read_bounded(fd, limit)
         except OSError:
             return None
@@ -121,9 +141,11 @@ class Root:
         text = self.line(rel)
         if text is None:
             return None
+        if not text.isascii():  # int() takes other scripts' digits; sysfs has none
+            return None
         try:
             return int(text, base)
-        except ValueError:
+        except ValueError:  # not a number, or past int()'s 4,300 digits
             return None
 
     def names(self, rel: str, pattern: str) -> list[str]:
@@ -195,8 +217,19 @@ def _read_bounded(fd: int, limit: int) -> bytes | None:
 
 
 
+def decimal(text: str | None) -> int | None:
+    """A count as sysfs and proc write one: ASCII digits (not the other scripts' digits
+    or the superscripts ``str.isdigit`` takes, which ``int`` may not), up to 30; None for
+    anything else."""
+    text = (text or "").strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 30):
+        return None
+    return int(text)
+
+
+
 def check_root(root: Root) -> None:
-    where = str(root.path)
+    where = root.where
     if not root.path.is_dir():
         raise CaptureError(f"{where}: not a directory (give --root a directory holding sys/ "
                            "and proc/, such as / or a `sandbox render` output)")
@@ -215,6 +248,13 @@ def clean_text(value: str | None, default: str, limit: int = 256) -> str:
     length is bounded; ``default`` when nothing is left."""
     text = " ".join(CONTROL.sub(" ", value or "").split())[:limit].strip()
     return text or default
+
+
+
+def shown(text: str) -> str:
+    """``text`` (a path) for a one-line message: what ``clean_text`` would drop is
+    escaped instead (a newline as ``\\n``), so the path stays recognisable."""
+    return CONTROL.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
 
 
 
@@ -269,10 +309,18 @@ class Function:
 
 
 
+def _id(root: Root, rel: str, digits: int) -> int | None:
+    """A PCI id (``0x10de``): None unless it fits ``digits`` hex digits."""
+    value = root.number(rel, 16)
+    return value if value is not None and 0 <= value < 16**digits else None
+
+
+
 def read_function(root: Root, address: str) -> Function | None:
+    """The function's attributes; None when it has no vendor, device and class ids."""
     base = f"{PCI_DIR}/{address}"
-    vendor, device = root.number(f"{base}/vendor", 16), root.number(f"{base}/device", 16)
-    cls = root.number(f"{base}/class", 16)
+    vendor, device = _id(root, f"{base}/vendor", 4), _id(root, f"{base}/device", 4)
+    cls = _id(root, f"{base}/class", 6)
     if vendor is None or device is None or cls is None:
         return None
     parts = (root.real(base) or "").split(os.sep)
@@ -281,35 +329,38 @@ def read_function(root: Root, address: str) -> Function | None:
     group = root.link_name(f"{base}/iommu_group")
     fn = Function(
         address=address, vendor=vendor, device=device,
-        subsystem=(root.number(f"{base}/subsystem_vendor", 16) or 0,
-                   root.number(f"{base}/subsystem_device", 16) or 0),
+        subsystem=(_id(root, f"{base}/subsystem_vendor", 4) or 0,
+                   _id(root, f"{base}/subsystem_device", 4) or 0),
         class_code=cls, numa_raw=numa if numa is not None else -1,
         driver=root.link_name(f"{base}/driver"), root_bus=root_bus,
         is_vf=root.exists(f"{base}/physfn"),
-        total_vfs=root.number(f"{base}/sriov_totalvfs") or 0,
-        num_vfs=root.number(f"{base}/sriov_numvfs") or 0,
-        iommu_group=int(group) if group and group.isdigit() else None,
+        total_vfs=decimal(root.line(f"{base}/sriov_totalvfs")) or 0,
+        num_vfs=decimal(root.line(f"{base}/sriov_numvfs")) or 0,
+        iommu_group=decimal(group),
     )
     for line in (root.read(f"{base}/aer_dev_fatal") or "").splitlines():
         key, _, count = line.partition(" ")
-        if key == "TOTAL_ERR_FATAL" and count.strip().isdigit():
-            fn.aer_fatal = int(count)
+        if key == "TOTAL_ERR_FATAL" and decimal(count) is not None:
+            fn.aer_fatal = decimal(count) or 0
     fn.link_down = root.line(f"{base}/current_link_speed") == "Unknown"
-    for net in root.names(f"{base}/net", r"[^/]+"):
+    # What is read below a function is bounded by what a profile can use (a link can
+    # make every function share one huge directory): a NIC port's first netdev, up to 9
+    # FPGA ports (a profile takes 8) and 17 NVMe namespaces (16).
+    for net in root.names(f"{base}/net", r"[^/]+")[:1]:
         mac = root.line(f"{base}/net/{net}/address")
         speed = root.number(f"{base}/net/{net}/speed")
         fn.netdevs.append((net, mac, speed if speed is not None and speed > 0 else None))
     fn.rdma = bool(root.names(f"{base}/infiniband", r"[^/]+"))
     fn.drm = bool(root.names(f"{base}/drm", r"card[0-9]+"))
-    for region in root.names(f"{base}/fpga_region", r"region[0-9]+"):
+    for region in root.names(f"{base}/fpga_region", r"region[0-9]+")[:9]:
         ports = root.names(f"{base}/fpga_region/{region}", r"dfl-port\.[0-9]+")
-        for port in sorted(ports, key=lambda p: int(p.split(".")[1])):
+        for port in sorted(ports, key=lambda p: int(p.split(".")[1]))[:9 - len(fn.fpga_afus)]:
             fn.fpga_afus.append(root.line(f"{base}/fpga_region/{region}/{port}/afu_id") or "")
     for ctrl in root.names(f"{base}/nvme", r"nvme[0-9]+")[:1]:
         cdir = f"{base}/nvme/{ctrl}"
         fn.nvme_model = root.line(f"{cdir}/model")
         disks = root.names(cdir, rf"{ctrl}n[0-9]+")
-        for disk in sorted(disks, key=lambda n: int(n[len(ctrl) + 1:])):
+        for disk in sorted(disks, key=lambda n: int(n[len(ctrl) + 1:]))[:17]:
             fn.nvme_namespaces.append((root.number(f"{cdir}/{disk}/size") or 0,
                                        root.number(f"{cdir}/{disk}/queue/logical_block_size")))
     return fn

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox.capture.devices import Entry, Hex
-from sandbox.capture.reading import CaptureError, Function, Root
+from sandbox.capture.reading import Function, Root
+from sandbox.outfile import write_file
 from sandbox.profile.model import API_VERSION, KIND
 
 
@@ -109,8 +110,8 @@ class Doc:
     def yaml(self, header: list[str]) -> str:
         lines = [f"# {h}" if h else "#" for h in header]
         lines += [f"apiVersion: {API_VERSION}", f"kind: {KIND}", "metadata:",
-                  f"  name: {self.name}", f"  description: {_scalar(self.description)}",
-                  "nodes:", f"  - name: {self.node_name}", "    cpu:"]
+                  f"  name: {_scalar(self.name)}", f"  description: {_scalar(self.description)}",
+                  "nodes:", f"  - name: {_scalar(self.node_name)}", "    cpu:"]
         lines += [f"      {k}: {_scalar(v)}" for k, v in self.cpu.items()]
         lines += [f"    {k}: {_flow(v)}" for k, v in self.extra.items()]
         lines += ["    numa:", "      nodes:"]
@@ -138,11 +139,14 @@ def host_bridges(root: Root, fns: list[Function], numa_nodes: list[dict[str, Any
     the functions below them, else the node whose CPUs are the bus's ``cpulistaffinity``,
     else 0. None when they are the resolver's default (one per NUMA node, spread evenly)."""
     count = len(numa_nodes)
+    below: dict[str, int] = {}  # root bus: the NUMA node of the first function below it
+    for f in fns:
+        if f.root_bus is not None and 0 <= f.numa_raw < count:
+            below.setdefault(f.root_bus, f.numa_raw)
     found: dict[str, int] = {}
     for name in root.names("sys/devices", r"pci[0-9a-f]{4}:[0-9a-f]{2}"):
-        below = [f.numa_raw for f in fns if f.root_bus == name and 0 <= f.numa_raw < count]
-        if below:
-            found[name] = below[0]
+        if name in below:
+            found[name] = below[name]
             continue
         bus = name[3:]
         cpus = root.line(f"sys/devices/{name}/pci_bus/{bus}/cpulistaffinity")
@@ -157,18 +161,12 @@ def host_bridges(root: Root, fns: list[Function], numa_nodes: list[dict[str, Any
 
 
 def write_capture(result: Capture, path: str | os.PathLike[str], force: bool = False) -> None:
-    """Write the profile to ``path`` ("-": stdout); an existing file only with ``force``."""
+    """Write the profile to ``path`` ("-": stdout) through the one output writer
+    (``sandbox.outfile``: a whole new regular file, an existing one only with ``force``,
+    never through a link)."""
     if str(path) == "-":
         import sys
 
         sys.stdout.write(result.text)
         return
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_TRUNC if force else os.O_EXCL)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except FileExistsError:
-        raise CaptureError(f"{path}: exists; pass --force to overwrite it") from None
-    except OSError as exc:
-        raise CaptureError(f"cannot write {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(result.text)
+    write_file(path, result.text, force=force)
