@@ -24,8 +24,9 @@ def compat_id(bitstream_id: str) -> str:
 
 def add_fpgas(ctx: Ctx, fpgas: list[DeviceSpec], pci: dict[str, str]) -> None:
     dfl = [d for d in fpgas if d.fpga is not None and d.fpga.flavor == "dfl"]
-    # The FMEs' PR regions are numbered after every card's own region.
-    nested_base = len(dfl)
+    # The FMEs' PR regions are numbered after every card's own region (the resolver
+    # numbers the cards' regions 0.. over the DFL cards alone), in the same id space.
+    nested_base = max((d.fpga.region for d in dfl if d.fpga is not None), default=-1) + 1
     for d in dfl:
         fpga = d.fpga
         assert fpga is not None

@@ -146,8 +146,8 @@ class FpgaSpec:
     ports: int
     afu_ids: tuple[str, ...]
     bitstream_id: str
-    region: int  # fpga_regionN / dfl-fme.N index
-    first_port: int  # dfl-port.N of this card's first port
+    region: int  # fpga_regionN / dfl-fme.N index over the DFL cards; -1: not DFL
+    first_port: int  # dfl-port.N of this card's first port; -1: not DFL
 
 
 @dataclass(frozen=True)

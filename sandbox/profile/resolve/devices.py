@@ -300,12 +300,19 @@ def number_minors(drafts: list[Draft]) -> None:
             d.nvme = replace(d.nvme, controller=controller, first_minor=block_minor)
             controller += 1
             block_minor += d.nvme.namespaces
+    # dfl-fme.N, dfl-port.N and the cards' fpga_regionN: each its own id space (an IDA in
+    # drivers/fpga) over the DFL cards alone; an FPGA without DFL (Xilinx's xclmgmt) has
+    # none of them and takes no number (-1), wherever it sits between DFL cards.
     region = port = 0
     for d in by_addr:
-        if d.fpga is not None:
-            d.fpga = replace(d.fpga, region=region, first_port=port)
-            region += 1
-            port += d.fpga.ports
+        if d.fpga is None:
+            continue
+        if d.fpga.flavor != "dfl":
+            d.fpga = replace(d.fpga, region=-1, first_port=-1)
+            continue
+        d.fpga = replace(d.fpga, region=region, first_port=port)
+        region += 1
+        port += d.fpga.ports
 
 
 def replace(obj: _T, **changes: Any) -> _T:
