@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
+import stat
 from pathlib import Path
 
 import grpc
@@ -25,6 +27,7 @@ from conftest import (
     wait_until,
 )
 
+from sandbox.fakehw.devnodes import HARMLESS
 from sandbox.runtimes.native import kubelet_root, mounts_below
 
 GPU = "nvidia.com/gpu"
@@ -72,7 +75,8 @@ def test_two_gpu_pod_sees_two_device_nodes(native_cluster: NativeCluster) -> Non
     wait_until("nvidia.com/gpu 8/8 on the node", lambda: _gpus(native_cluster) == (8, 8))
     wait_until("the default service account", lambda: default_service_account(native_cluster))
     core = native_cluster.core
-    command = "ls /dev | grep -E '^nvidia[0-9]+$'; echo \"visible=$NVIDIA_VISIBLE_DEVICES\""
+    command = ("ls /dev | grep -E '^nvidia[0-9]+$'; echo \"visible=$NVIDIA_VISIBLE_DEVICES\"; "
+               "for n in /dev/nvidia[0-9]*; do stat -c 'node=%n|%F|%t:%T' \"$n\"; done")
     core.create_namespaced_pod("default", pod_manifest(
         "gpu2", command, resources={"limits": {"nvidia.com/gpu": "2"}}))
     try:
@@ -87,8 +91,32 @@ def test_two_gpu_pod_sees_two_device_nodes(native_cluster: NativeCluster) -> Non
         uuids = visible.removeprefix("visible=").split(",")
         assert len(uuids) == 2, lines
         assert all(u.startswith("GPU-") for u in uuids), lines
+        # issue 21: the container's nodes are the node's 1:3 stand-ins, never 195:N
+        stats = [line.split("|") for line in lines if line.startswith("node=")]
+        assert len(stats) == 2, lines
+        assert all(kind == "character special file" and numbers == "1:3"
+                   for _name, kind, numbers in stats), stats
     finally:
         core.delete_namespaced_pod("gpu2", "default", grace_period_seconds=0)
+
+
+def test_node_device_nodes_are_stand_ins(native_cluster: NativeCluster) -> None:
+    """Issue 21: the node's real device nodes (``state_dir/dev``, what containerd and the
+    pods see) are character devices 1:3 or a harmless memory device, mode <= 0660, owned
+    by root: no number the profile chose (the GPUs' 195:N) exists as a real node."""
+    dev = native_cluster.layout.dev
+    seen: dict[str, tuple[int, int]] = {}
+    for path in dev.rglob("*"):
+        info = path.lstat()
+        assert not stat.S_ISBLK(info.st_mode), f"{path}: a real block device"
+        if stat.S_ISCHR(info.st_mode):
+            seen[str(path.relative_to(dev))] = (os.major(info.st_rdev), os.minor(info.st_rdev))
+            assert (os.major(info.st_rdev), os.minor(info.st_rdev)) in HARMLESS, (path, seen)
+            assert stat.S_IMODE(info.st_mode) & ~0o660 == 0, (path, oct(info.st_mode))
+            assert info.st_uid == 0, (path, info.st_uid)
+    gpus = sorted(n for n in seen if re.fullmatch(r"nvidia\d+", n))
+    assert gpus == [f"nvidia{i}" for i in range(8)], sorted(seen)
+    assert all(seen[g] == (1, 3) for g in gpus), seen
 
 
 def test_restart_kubelet_recreates_its_socket(native_cluster: NativeCluster) -> None:

@@ -61,7 +61,8 @@ def test_pod_gets_exactly_two_gpus(gpu: KindSandbox) -> None:
             "restartPolicy": "Never",
             "containers": [{
                 "name": "c", "image": "hw-sandbox:latest", "imagePullPolicy": "Never",
-                "command": ["sh", "-c", "ls /dev; echo NVIDIA=$NVIDIA_VISIBLE_DEVICES"],
+                "command": ["sh", "-c", "ls /dev; echo NVIDIA=$NVIDIA_VISIBLE_DEVICES; "
+                            "for n in /dev/nvidia[0-9]*; do stat -c 'node=%n|%F|%t:%T' $n; done"],
                 "resources": {"limits": {GPU: "2"}},
             }],
         },
@@ -74,7 +75,33 @@ def test_pod_gets_exactly_two_gpus(gpu: KindSandbox) -> None:
     uuids = visible.group(1).split(",")
     assert len(uuids) == 2, uuids
     assert set(uuids) <= _uuids(gpu), (uuids, _uuids(gpu))
+    # issue 21: the container's GPU nodes are the node's 1:3 stand-ins, never 195:N
+    stats = [line.removeprefix("node=").split("|") for line in out.splitlines()
+             if line.startswith("node=")]
+    assert len(stats) == 2, out
+    assert all(kind == "character special file" and numbers == "1:3"
+               for _n, kind, numbers in stats), stats
     gpu.kubectl("delete", "pod", "two-gpus", "--wait=true")
+
+
+def test_node_device_nodes_are_stand_ins(gpu: KindSandbox) -> None:
+    """Issue 21: the agent's real nodes in the kind node's /dev are character devices 1:3
+    (or a harmless memory device), mode <= 0660, root: never the profile's 195:N, which
+    would be the host's real GPUs wherever the host has them."""
+    container = gpu.nodes()["gpu-worker"]["metadata"]["name"]
+    script = ("for n in /dev/nvidia[0-9]* /dev/nvidiactl /dev/nvidia-uvm; do "
+              "[ -e \"$n\" ] && stat -c '%n|%F|%t:%T|%a|%u' \"$n\"; done; true")
+    proc = subprocess.run(["docker", "exec", container, "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env=gpu.kenv.env)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line]
+    names = {row[0] for row in rows}
+    assert {f"/dev/nvidia{i}" for i in range(8)} <= names, proc.stdout
+    for name, kind, numbers, mode, uid in rows:
+        assert (kind, numbers) == ("character special file", "1:3"), name
+        assert int(mode, 8) & ~0o660 == 0, (name, mode)
+        assert uid == "0", (name, uid)
 
 
 def test_status_table_json_svg(gpu: KindSandbox, tmp_path: Path) -> None:
