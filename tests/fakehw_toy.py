@@ -10,6 +10,7 @@ runs the server as a subprocess.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -18,9 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,6 +178,19 @@ def _is_mountpoint(root: Path) -> bool:
     target = str(root)
     with open("/proc/self/mountinfo") as f:
         return any(line.split()[4] == target for line in f)
+
+
+@contextlib.contextmanager
+def serving(root: Path, *args: str, **kw: Any) -> Iterator[Server]:
+    """``start_server`` for the length of a ``with``: at its end the server must still be
+    running and unmount cleanly; its process and mount are cleaned up either way."""
+    srv = start_server(root, *args, **kw)
+    try:
+        yield srv
+        assert srv.proc.poll() is None, "the server died"
+        assert srv.unmount() == 0
+    finally:
+        srv.cleanup()
 
 
 def start_server(

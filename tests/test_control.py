@@ -21,20 +21,15 @@ from sandbox.fakehw.scenario import (
     parse_scenario,
     run_scenario,
 )
-from tests.fakehw_toy import Server, start_server
+from tests.fakehw_toy import Server, serving
 
 GPU0 = "sys/devices/pci0000:00/0000:10:00.0"
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("ctl") / "root")
-    try:
+    with serving(tmp_path_factory.mktemp("ctl") / "root") as srv:
         yield srv
-        assert srv.proc.poll() is None, "the server died during the module"
-        assert srv.unmount() == 0
-    finally:
-        srv.cleanup()
 
 
 @pytest.fixture

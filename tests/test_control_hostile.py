@@ -26,7 +26,7 @@ import pytest
 
 from sandbox.errors import ControlError
 from sandbox.fakehw.control import MAX_CONNECTIONS, MAX_LINE, ControlClient
-from tests.fakehw_toy import Server, require_fuse, start_server
+from tests.fakehw_toy import Server, require_fuse, serving, start_server
 
 GPU0 = "sys/devices/pci0000:00/0000:10:00.0"
 REPO = Path(__file__).resolve().parent.parent
@@ -35,13 +35,8 @@ FUZZ_REQUESTS = int(os.environ.get("HWSANDBOX_CONTROL_FUZZ", "10000"))
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[Server]:
-    srv = start_server(tmp_path / "root")
-    try:
+    with serving(tmp_path / "root") as srv:
         yield srv
-        assert srv.proc.poll() is None, "the server died"
-        assert srv.unmount() == 0
-    finally:
-        srv.cleanup()
 
 
 def _hostile(rng: random.Random) -> bytes:
@@ -248,13 +243,8 @@ def test_control_fuzz_never_stops_the_server(server: Server) -> None:
 def small_server(tmp_path: Path) -> Iterator[Server]:
     """A server whose descriptor limit is the common default, 1,024, hard as well: it
     cannot raise it, so 1,500 idle clients would exhaust it."""
-    srv = start_server(tmp_path / "root", wrapper=["prlimit", "--nofile=1024:1024", "--"])
-    try:
+    with serving(tmp_path / "root", wrapper=["prlimit", "--nofile=1024:1024", "--"]) as srv:
         yield srv
-        assert srv.proc.poll() is None, "the server died"
-        assert srv.unmount() == 0
-    finally:
-        srv.cleanup()
 
 
 def test_idle_connections_never_starve_other_clients(small_server: Server) -> None:
@@ -358,13 +348,8 @@ def test_a_failed_daemon_start_says_why_at_once(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One server for the protocol tests below, which leave no state behind."""
-    srv = start_server(tmp_path_factory.mktemp("protocol") / "root")
-    try:
+    with serving(tmp_path_factory.mktemp("protocol") / "root") as srv:
         yield srv
-        assert srv.proc.poll() is None, "the server died"
-        assert srv.unmount() == 0
-    finally:
-        srv.cleanup()
 
 
 def _raw(server: Server) -> tuple[socket.socket, BinaryIO]:
