@@ -175,6 +175,17 @@ LIST_REPLIES = {
          "devices": [{"id": "gpu0", "kind": "gpu", "vendor": "v", "model": "m",
                       "pci_address": "0000:10:00.0", "numa_node": "zero", "dev_nodes": [],
                       "state": STATE}]}),
+    # what `fault list` prints in its table must not carry terminal control sequences
+    "a model with an escape sequence": _line(
+        {"v": 1, "ok": True, "id": 1, "op": "get", "seq": 0,
+         "devices": [{"id": "gpu0", "kind": "gpu", "vendor": "v", "model": "\x1b[2Jm",
+                      "pci_address": "0000:10:00.0", "numa_node": 0, "dev_nodes": [],
+                      "state": STATE}]}),
+    "a device node with a newline": _line(
+        {"v": 1, "ok": True, "id": 1, "op": "get", "seq": 0,
+         "devices": [{"id": "gpu0", "kind": "gpu", "vendor": "v", "model": "m",
+                      "pci_address": "0000:10:00.0", "numa_node": 0,
+                      "dev_nodes": ["/dev/nvidia0\nok"], "state": STATE}]}),
 }
 
 

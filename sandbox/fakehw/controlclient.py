@@ -242,13 +242,14 @@ def _devices_problem(devices: object) -> str | None:
         if dev_id in seen:
             return f"devices[{i}]: {dev_id} twice"
         seen.add(dev_id)
-        for key in ("kind", "vendor", "model", "pci_address"):
-            if key in dev and not isinstance(dev[key], str):
-                return f"devices[{i}].{key} is not a string"
+        for key in ("kind", "vendor", "model", "pci_address"):  # printed in a table
+            if key in dev and not (isinstance(dev[key], str) and dev[key].isprintable()):
+                return f"devices[{i}].{key} is not a printable string"
         if "numa_node" in dev and not _is_int(dev["numa_node"]):
             return f"devices[{i}].numa_node is not an integer"
         nodes = dev.get("dev_nodes", [])
-        if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+        if not isinstance(nodes, list) or not all(isinstance(n, str) and n.isprintable()
+                                                  for n in nodes):
             return f"devices[{i}].dev_nodes is not a list of paths"
         problem = _state_problem(dev.get("state"))
         if problem is not None:
