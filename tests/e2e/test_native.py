@@ -257,6 +257,40 @@ def test_faults_through_the_cli_reach_the_node_status(native_cluster: NativeClus
         native_cluster.sandbox_cli("fault", "plug", node, "gpu5")
 
 
+def _listening_unix_paths(pid: int) -> set[str]:
+    """The filesystem paths of the unix sockets process ``pid`` listens on."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:["):-1])
+    paths = set()
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        fields = line.split()  # Num RefCount Protocol Flags Type St Inode [Path]
+        listening = int(fields[3], 16) & 0x10000  # __SO_ACCEPTCON
+        if len(fields) == 8 and fields[6] in inodes and listening and fields[7][0] != "@":
+            paths.add(fields[7])
+    return paths
+
+
+def test_our_processes_listen_only_in_our_dirs(native_cluster: NativeCluster) -> None:
+    """Every unix socket a process of the cluster listens on is in its state dir or the
+    kubelet's own root (device-plugins/, pod-resources/, plugins_registry/): none in a
+    host-wide place such as containerd 2's default NRI socket /var/run/nri/nri.sock."""
+    places = (native_cluster.state_dir, kubelet_root())
+    seen: dict[str, int] = {}
+    for pid in footprint(native_cluster).processes:
+        for path in _listening_unix_paths(pid):
+            seen[path] = pid
+    assert any(p.endswith("containerd.sock") for p in seen), seen  # it looked at containerd
+    outside = {path: pid for path, pid in seen.items()
+               if not any(Path(path).is_relative_to(top) for top in places)}
+    assert not outside, f"listening outside {[str(p) for p in places]}: {outside}"
+
+
 # -- down ------------------------------------------------------------------------------------
 
 

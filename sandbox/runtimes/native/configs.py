@@ -40,6 +40,11 @@ imports = []  # not the default /etc/containerd/conf.d/*.toml: nothing of the ho
 [plugins.'io.containerd.internal.v1.opt']
   path = "{c / 'opt'}"
 
+# NRI is on by default in 2.x and listens host-wide at /var/run/nri/nri.sock, where any
+# NRI plugin of the host's (or a host containerd's) would meet ours; we use none.
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"
 
