@@ -80,6 +80,7 @@ class Root:
         self.path = Path(root)
         self.where = shown(str(self.path))  # for messages: one line
         self._dirfd: int | None = None
+        self._top = ""
         try:
             self._dirfd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
@@ -90,9 +91,11 @@ class Root:
             if exc.errno == errno.ENOSYS:
                 raise CaptureError("capture needs openat2(2) (Linux 5.6 or later) to read "
                                    "a root safely; this kernel does not have it") from None
-        if not os.path.exists(f"/proc/self/fd/{self._dirfd}"):
+        try:  # where the root is, as the kernel names it (``real`` compares against it)
+            self._top = os.readlink(f"/proc/self/fd/{self._dirfd}")
+        except OSError:
             raise CaptureError("capture needs /proc mounted (it reopens each file it has "
-                               "checked is a regular file through /proc/self/fd)")
+                               "checked is a regular file through /proc/self/fd)") from None
 
     def __del__(self) -> None:
         if getattr(self, "_dirfd", None) is not None:
@@ -123,9 +126,7 @@ class Root:
             return None
         finally:
             os.close(where)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None  # not reached: the same file, reopened
+        try:  # the very file checked above: no second check
             data = _read_bounded(fd, limit)
         except OSError:
             return None
@@ -194,12 +195,11 @@ class Root:
             return None
         try:
             where = os.readlink(f"/proc/self/fd/{fd}")
-            top = os.readlink(f"/proc/self/fd/{self._dirfd}")
         except OSError:
             return None
         finally:
             os.close(fd)
-        inside = os.path.relpath(where, top)
+        inside = os.path.relpath(where, self._top)
         return None if inside.startswith("..") else inside
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from sandbox.capture import capture
-from sandbox.outfile import check_target, write_file
+from sandbox.capture import capture, write_capture
+from sandbox.outfile import check_target
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,10 +43,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output != "-":
         check_target(args.output, args.force)  # a bad -o fails before the machine is read
     result = capture(args.root, name=args.name, node_name=args.node_name)
-    if args.output == "-":
-        sys.stdout.write(result.text)
-    else:
-        write_file(args.output, result.text, force=args.force)
+    write_capture(result, args.output, force=args.force)
+    if args.output != "-":
         node = result.profile["nodes"][0]
         devices = sum(d.get("count", 1) for d in node["devices"])
         print(f"captured {args.root} to {args.output}: {node['cpu']['sockets']} socket(s), "
