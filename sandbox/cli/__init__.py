@@ -109,20 +109,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     program = argv is None
     previous = signal.getsignal(signal.SIGINT)
     if program:
-        _on_sigint(signal.SIG_DFL)
+        on_sigint(signal.SIG_DFL)
     try:
         return _main(list(sys.argv[1:] if argv is None else argv), program)
     except KeyboardInterrupt:
         if program:
-            _on_sigint(signal.SIG_IGN)  # a second Ctrl-C: no traceback while we exit
+            on_sigint(signal.SIG_IGN)  # a second Ctrl-C: no traceback while we exit
         print("interrupted", file=sys.stderr)
         return 130
     finally:
         if not program and previous is not None:  # a verb (up) may have changed it
-            _on_sigint(previous)
+            on_sigint(previous)
 
 
-def _on_sigint(handler: Callable[[int, FrameType | None], Any] | int) -> None:
+def on_sigint(handler: Callable[[int, FrameType | None], Any] | int) -> None:
+    """Install ``handler`` for SIGINT where Python allows it (the main thread); a verb
+    called from another thread leaves the process's handler alone."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, handler)
 
@@ -148,7 +150,7 @@ def _main(argv: list[str], program: bool) -> int:
         parser.print_help()
         return 2
     if program:
-        _on_sigint(signal.default_int_handler)
+        on_sigint(signal.default_int_handler)
     try:
         code: int = args.func(args)
     except SandboxError as exc:

@@ -23,15 +23,13 @@ import errno
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
-from typing import Any
 
 from hwplugins.dra.slices import TYPES as DRA_DEVICE_TYPES
 
+from sandbox.cli import on_sigint
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile import load_profile
 from sandbox.runtimes import RUNTIMES, choose_runtime, runtime_for
@@ -153,7 +151,7 @@ def parse_feature_gates(text: str) -> dict[str, bool]:
 def run(args: argparse.Namespace) -> int:
     # Until something is made, a SIGINT ends `up` at once (killed by the signal, as any
     # program): nothing to undo, and no traceback from inside an import.
-    _on_sigint(signal.SIG_DFL)
+    on_sigint(signal.SIG_DFL)
     if args.name is not None:
         check_name(args.name)  # before anything is loaded, started or created
     # the runtime's options, refused before anything is checked, started or created
@@ -198,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     state_dir = state_dir_for(name)
     # From here on something may be made: a SIGINT is a KeyboardInterrupt, and the
     # clean-up below removes everything made so far (see the module's docstring).
-    _on_sigint(signal.default_int_handler)
+    on_sigint(signal.default_int_handler)
     started = time.monotonic()
 
     def progress(message: str) -> None:
@@ -213,11 +211,11 @@ def run(args: argparse.Namespace) -> int:
                           f"run `sandbox down --name {name}` first or pick --name")
         runtime.up(loaded.cluster, os.path.abspath(args.profile), state_dir, progress)
         # Up: from this line on it stays up, whatever SIGINT comes (up only prints, exits).
-        _on_sigint(signal.SIG_IGN)
+        on_sigint(signal.SIG_IGN)
     except BaseException as exc:
         # One SIGINT is enough: the clean-up (and the fusermount3 it runs, in our process
         # group) is not interrupted by a second.
-        _on_sigint(signal.SIG_IGN)
+        on_sigint(signal.SIG_IGN)
         if isinstance(exc, StateBusy):
             raise SandboxError(f"{exc}; wait until it has finished, or pick --name") from None
         if isinstance(exc, _Exists):
@@ -243,11 +241,6 @@ def run(args: argparse.Namespace) -> int:
 
 class _Exists(SandboxError):
     """A sandbox of that name is there already: nothing to undo."""
-
-
-def _on_sigint(handler: Callable[[int, FrameType | None], Any] | int) -> None:
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, handler)
 
 
 def _failed(exc: BaseException, runtime: Runtime, state_dir: Path, lock: StateLock,
