@@ -16,7 +16,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -28,6 +27,8 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client, config
+
+from sandbox.runtimes.native.common import free_ports
 
 VERSION = os.environ.get("HWSANDBOX_K8S_VERSION", "1.37.2")
 HINT = "run scripts/build-k8s (builds kube-apiserver, kube-scheduler, ... and etcd)"
@@ -42,10 +43,7 @@ def bin_dir() -> Path:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_ports(("one",))["one"]
 
 
 def _openssl(*args: str) -> None:
@@ -158,7 +156,7 @@ def control_plane(gates: Mapping[str, bool] | None = None,
         _pki(d)
         token = secrets.token_hex(16)
         (d / "tokens.csv").write_text(f"{token},admin,admin-uid,system:masters\n")
-        port, etcd, peer = _free_port(), _free_port(), _free_port()
+        port, etcd, peer = free_ports(("apiserver", "etcd", "peer")).values()
         cp.kubeconfig.write_text(yaml.safe_dump({
             "apiVersion": "v1", "kind": "Config", "current-context": "t",
             "clusters": [{"name": "t", "cluster": {

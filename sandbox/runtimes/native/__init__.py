@@ -82,7 +82,7 @@ from sandbox.runtimes.native.common import (
     cache_dir,
     containerd_bin_dir,
     ctr,
-    free_port,
+    free_ports,
     host_ip,
     http_ok,
     kubelet_root,
@@ -180,9 +180,8 @@ class NativeRuntime:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         root = kubelet_root()
         ip = host_ip()
-        ports = {k: free_port() for k in ("etcd", "etcd-peer", "apiserver",
-                                           "controller-manager", "scheduler", "kubelet",
-                                           "kubelet-healthz")}
+        ports = free_ports(("etcd", "etcd-peer", "apiserver", "controller-manager",
+                            "scheduler", "kubelet", "kubelet-healthz"))
         record: dict[str, Any] = {
             "runtime": self.name,
             "profile": profile_path,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import ssl
 import subprocess
@@ -194,11 +195,50 @@ def run(argv: Sequence[str], check: bool = True, timeout: float = 120) -> str:
     return proc.stdout
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+def free_ports(names: Sequence[str]) -> dict[str, int]:
+    """One distinct, currently free TCP port per name, for servers that listen on all
+    addresses.
+
+    Chosen below the kernel's ephemeral range (``ip_local_port_range``), never from it:
+    a port the kernel hands out for a bind to port 0 is also one it hands out to the
+    next outgoing connection, and etcd, the API server and their clients make hundreds
+    of those before the kubelet starts, so an ephemeral port picked early may be taken
+    when the kubelet binds it (seen in CI: ``listen tcp 0.0.0.0:57763: bind: address
+    already in use``). Each port is checked with a bind on 0.0.0.0 and held until all are
+    chosen, so they differ.
+    """
+    low, high = _ephemeral_range()
+    span = range(max(1024, low - 8000), low) if low - 1024 >= 2 * len(names) else \
+        range(high + 1, 65536)
+    held: list[socket.socket] = []
+    ports: dict[str, int] = {}
+    try:
+        for port in random.sample(span, len(span)):
+            if len(ports) == len(names):
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+            ports[names[len(ports)]] = port
+    finally:
+        for s in held:
+            s.close()
+    if len(ports) < len(names):
+        raise RuntimeBackendError("ports", f"no {len(names)} free TCP ports in "
+                                  f"{span.start}-{span.stop - 1}")
+    return ports
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999  # Linux's default
+    return low, high
 
 
 def host_ip() -> str:
