@@ -286,10 +286,81 @@ class Generic(DeviceBase):
 Device = Annotated[Gpu | Nic | Fpga | Nvme | Generic, Field(discriminator="type")]
 
 
+def _option_bool(value: Any) -> Any:
+    """A kubelet policy option's on/off value: a YAML boolean or the text the kubelet
+    itself takes (its options are a map[string]string)."""
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "false"):
+        return value == "true"
+    raise ValueError("must be true or false")
+
+
+OptionBool = Annotated[
+    bool,
+    BeforeValidator(_option_bool),
+    WithJsonSchema({"anyOf": [{"type": "boolean"}, {"enum": ["true", "false"]}]}),
+]
+
+
+class CpuManagerPolicyOptions(Strict):
+    """The static CPU manager's policy options (Kubernetes 1.37). Alpha and beta ones need
+    the kubelet's CPUManagerPolicyAlphaOptions / CPUManagerPolicyBetaOptions gates."""
+
+    model_config = ConfigDict(populate_by_name=False)  # the kubelet's names only
+
+    full_pcpus_only: OptionBool | None = Field(None, alias="full-pcpus-only")
+    distribute_cpus_across_numa: OptionBool | None = Field(
+        None, alias="distribute-cpus-across-numa")
+    align_by_socket: OptionBool | None = Field(None, alias="align-by-socket")
+    distribute_cpus_across_cores: OptionBool | None = Field(
+        None, alias="distribute-cpus-across-cores")
+    strict_cpu_reservation: OptionBool | None = Field(None, alias="strict-cpu-reservation")
+    prefer_align_cpus_by_uncorecache: OptionBool | None = Field(
+        None, alias="prefer-align-cpus-by-uncorecache")
+
+
+class TopologyManagerPolicyOptions(Strict):
+    """The topology manager's policy options (Kubernetes 1.37)."""
+
+    model_config = ConfigDict(populate_by_name=False)  # the kubelet's names only
+
+    prefer_closest_numa_nodes: OptionBool | None = Field(None, alias="prefer-closest-numa-nodes")
+    max_allowable_numa_nodes: Annotated[int, Field(ge=8, le=1024), WithJsonSchema({
+        "anyOf": [{"type": "integer", "minimum": 8, "maximum": 1024},
+                  {"type": "string", "pattern": "^[0-9]+$"}]})] | None = Field(
+        None, alias="max-allowable-numa-nodes",
+        description="at least 8 (the kubelet's own limit); default: the node's NUMA node "
+        "count when that is more than 8 and the policy is not none")
+
+
+class ReservedMemory(Strict):
+    numa_node: Annotated[int, Field(ge=0)]
+    memory: Quantity = Field(description="whole MiB, like 512Mi or 1Gi")
+
+
 class Kubelet(Strict):
     topology_manager_policy: Literal[
         "none", "best-effort", "restricted", "single-numa-node"
     ] = "best-effort"
+    topology_manager_scope: Literal["container", "pod"] = "container"
+    topology_manager_policy_options: TopologyManagerPolicyOptions | None = None
+    cpu_manager_policy: Literal["none", "static"] = Field(
+        "static", description="static by default: under none the kubelet writes every "
+        "emulated CPU into the kubepods cpuset itself, which the host kernel refuses (ERANGE) "
+        "when the emulated node has more CPUs than the host, so the kubelet cannot start; "
+        "static never writes that cpuset. A node of one CPU that states none of the CPU "
+        "manager's settings gets none (static would reserve its only CPU)")
+    cpu_manager_policy_options: CpuManagerPolicyOptions | None = Field(
+        None, description="static only")
+    reserved_system_cpus: Annotated[str, Field(max_length=4096)] | None = Field(
+        None, alias="reservedSystemCPUs",
+        description="static only: cpulist (like 0 or 0,32) of the node's CPUs kept for the "
+        "system, at least one and not all; default 0")
+    memory_manager_policy: Literal["None", "Static"] = "None"
+    reserved_memory: Annotated[list[ReservedMemory], Field(max_length=MAX_NUMA_NODES)] | None = (
+        Field(None, description="Static only: memory per NUMA node kept for the system; "
+              "default 512Mi on NUMA node 0"))
 
 
 class Board(Strict):

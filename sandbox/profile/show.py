@@ -29,10 +29,32 @@ def describe_device(d: DeviceSpec) -> str:
     return extra
 
 
+def kubelet_text(node: NodeSpec) -> str:
+    """The kubelet's managers in one line: ``topology manager: single-numa-node/container;
+    cpu manager: static (reserved 0); memory manager: None``."""
+
+    def options(pairs: tuple[tuple[str, str], ...]) -> list[str]:
+        return [f"{k}={v}" for k, v in pairs]
+
+    topology = f"{node.topology_manager_policy}/{node.topology_manager_scope}"
+    if node.topology_manager_policy_options:
+        topology += f" ({', '.join(options(node.topology_manager_policy_options))})"
+    cpu = node.cpu_manager_policy
+    if node.cpu_manager_policy == "static":
+        details = [f"reserved {node.reserved_system_cpus}",
+                   *options(node.cpu_manager_policy_options)]
+        cpu += f" ({'; '.join(details)})"
+    mem = node.memory_manager_policy
+    if node.reserved_memory:
+        mem += " (reserved " + ", ".join(f"{size(b)} on NUMA {n}"
+                                         for n, b in node.reserved_memory) + ")"
+    return f"topology manager: {topology}; cpu manager: {cpu}; memory manager: {mem}"
+
+
 def node_text(node: NodeSpec) -> str:
     c = node.cpu
     out = [
-        f"node {node.name}  ({node.role}; topology manager: {node.topology_manager_policy})",
+        f"node {node.name}  ({node.role}; {kubelet_text(node)})",
         f"  CPU     {c.sockets} socket(s) x {c.cores_per_socket} cores x {c.threads_per_core} "
         f"threads = {len(node.cpus)} CPUs, {c.vendor} {c.model}",
         f"  memory  {size(node.memory)} in {len(node.numa)} NUMA node(s)",
@@ -77,5 +99,6 @@ def cluster_data(cluster: Cluster) -> dict[str, Any]:
 
     data: dict[str, Any] = clean(dataclasses.asdict(cluster))
     for node in data["nodes"]:
-        node["labels"] = dict(node["labels"])
+        for key in ("labels", "cpu_manager_policy_options", "topology_manager_policy_options"):
+            node[key] = dict(node[key])
     return data

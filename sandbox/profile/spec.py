@@ -238,7 +238,16 @@ class NodeSpec:
     index: int
     role: str
     labels: tuple[tuple[str, str], ...]
-    topology_manager_policy: str
+    # The kubelet's CPU, topology and memory managers (profile ``kubelet``), defaults filled
+    # in; ``sandbox.runtimes.kubeletcfg`` turns them into KubeletConfiguration keys.
+    topology_manager_policy: str  # none | best-effort | restricted | single-numa-node
+    topology_manager_scope: str  # container | pod
+    topology_manager_policy_options: tuple[tuple[str, str], ...]  # (name, value), by name
+    cpu_manager_policy: str  # none | static
+    cpu_manager_policy_options: tuple[tuple[str, str], ...]  # (name, "true"/"false"), by name
+    reserved_system_cpus: str  # a cpulist in the kernel's form under static; "" under none
+    memory_manager_policy: str  # None | Static
+    reserved_memory: tuple[tuple[int, int], ...]  # (NUMA node, bytes) under Static; by node
     cpu: CpuSpec
     cpus: tuple[LogicalCpu, ...]
     numa: tuple[NumaInfo, ...]
@@ -282,7 +291,8 @@ class Cluster:
 # describes the shape; FORMAT_VERSION changes whenever a field does.
 
 FORMAT = "hwsandbox.dev/resolved-spec"
-FORMAT_VERSION = 2  # 2: DeviceSpec.nvme, GpuSpec.drm_index
+FORMAT_VERSION = 3  # 2: DeviceSpec.nvme, GpuSpec.drm_index; 3: NodeSpec's CPU, topology
+#                       and memory manager settings
 _KINDS: dict[str, type[NodeSpec] | type[Cluster]] = {"NodeSpec": NodeSpec, "Cluster": Cluster}
 
 

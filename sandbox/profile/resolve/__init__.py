@@ -9,6 +9,7 @@ deterministically, one concern per module:
     pci       host bridges, root and switch ports, bus numbers, addresses, IOMMU groups
     pcitree   the complete PCI tree: VFs, sysfs paths, bridge bus ranges, port types
     replicas  per-replica identities: serials, UUIDs, MACs, GUIDs, netdev names
+    kubelet   the kubelet's CPU, topology and memory manager settings against the node
     limits    what one node and one profile may hold
 
 The result is the frozen dataclasses of ``sandbox.profile.spec``. Every problem is
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from sandbox.profile import model
 from sandbox.profile.resolve import cpus, limits, memory, system
 from sandbox.profile.resolve.devices import Draft
+from sandbox.profile.resolve.kubelet import kubelet_settings
 from sandbox.profile.resolve.pci import PciPlanner
 from sandbox.profile.resolve.pcitree import plan_tree
 from sandbox.profile.resolve.replicas import replica
@@ -112,6 +114,7 @@ def _resolve_node(
     entries = cpus.numa_entries(node)
     cpu_of = cpus.assign_cpus(node, entries, layout, loc, problems)
     numa, total = memory.numa_nodes(node, entries, cpu_of, len(layout), loc, problems)
+    k = kubelet_settings(node, len(layout), numa, loc, problems)
     pci = PciPlanner(node, len(entries), loc, problems)
     devices = pci.place_devices()
     if devices is None:
@@ -125,7 +128,14 @@ def _resolve_node(
         index=0,
         role=node.role,
         labels=tuple(sorted(node.labels.items())),
-        topology_manager_policy=node.kubelet.topology_manager_policy,
+        topology_manager_policy=k.topology_manager_policy,
+        topology_manager_scope=k.topology_manager_scope,
+        topology_manager_policy_options=k.topology_manager_policy_options,
+        cpu_manager_policy=k.cpu_manager_policy,
+        cpu_manager_policy_options=k.cpu_manager_policy_options,
+        reserved_system_cpus=k.reserved_system_cpus,
+        memory_manager_policy=k.memory_manager_policy,
+        reserved_memory=k.reserved_memory,
         cpu=CpuSpec(cpu.sockets, cpu.cores_per_socket, cpu.threads_per_core, cpu.vendor,
                     cpu.model, cpu.family, cpu.model_number, cpu.mhz),
         cpus=cpus.logical_cpus(layout, cpu_of),

@@ -5,6 +5,7 @@ the names the kernel would give (netdevs, RDMA devices, generic device nodes).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid as uuidlib
 
@@ -66,12 +67,9 @@ def replica(
             )
         )
     devices.sort(key=lambda d: _id_key(d.id))
-    return NodeSpec(
-        name=name, base_name=node.name, index=r, role=template.role, labels=template.labels,
-        topology_manager_policy=template.topology_manager_policy, cpu=template.cpu,
-        cpus=template.cpus, numa=template.numa, memory=template.memory,
-        host_bridges=template.host_bridges, pci=template.pci, devices=tuple(devices),
-        swap=template.swap,
+    # Everything else (CPUs, NUMA, PCI tree, kubelet settings...) is the template's.
+    return dataclasses.replace(
+        template, name=name, index=r, devices=tuple(devices),
         system=system_spec(node, seeded(profile_name, name, "dmi", "uuid"),
                            seeded(profile_name, name, "dmi", "serial")),
     )
