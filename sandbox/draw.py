@@ -1,11 +1,13 @@
 """Topology pictures for workshops: NUMA nodes, CPUs, PCI tree, devices, health, allocations.
 
-``topology_svg(nodes, status)`` returns a standalone SVG document (no external fonts or
-scripts); ``claims_svg(usage)`` draws ``sandbox dra claims``: which pod's claim holds
-which partition or NIC share, and what is left of each GPU's counters and NIC's capacity.
+``topology_svg(nodes, status, cpus=held)`` returns a standalone SVG document (no external
+fonts or scripts; CPUs a container holds exclusively in orange); ``claims_svg(usage)``
+draws ``sandbox dra claims``: which pod's claim holds which partition or NIC share, and
+what is left of each GPU's counters and NIC's capacity.
 ``svg_to_png`` rasterises either with ``rsvg-convert`` (Debian: librsvg2-bin).
-Each drawn device carries ``data-device``/``data-numa`` attributes so tests and tools can
-check what the picture shows without parsing its geometry.
+Each drawn device carries ``data-device``/``data-numa`` attributes (a held CPU
+``data-cpu``/``data-held``) so tests and tools can check what the picture shows without
+parsing its geometry.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ COLORS = {
     "unhealthy": ("#ffebee", "#c62828"),
     "unplugged": ("#f5f5f5", "#9e9e9e"),
 }
+HELD = "#ef6c00"  # a CPU a container holds exclusively
 KIND_ICON = {"gpu": "GPU", "nic": "NIC", "fpga": "FPGA", "generic": "PCI"}
 NUMA_W = 420
 ROW_H = 50
@@ -75,7 +78,7 @@ def _device_detail(d: DeviceSpec) -> str:
 
 
 def _numa_box(node: NodeSpec, numa_id: int, x: float, y: float, height: float,
-              views: Mapping[str, DeviceView]) -> list[str]:
+              views: Mapping[str, DeviceView], held: Mapping[int, str]) -> list[str]:
     info = node.numa[numa_id]
     out = [
         f'<g class="numa" data-numa="{numa_id}">',
@@ -84,7 +87,8 @@ def _numa_box(node: NodeSpec, numa_id: int, x: float, y: float, height: float,
         _text(x + NUMA_W - PAD, y + 24, f"{size(info.memory)} memory", 12, anchor="end"),
         _text(x + PAD, y + 44, f"CPUs {format_cpulist(info.cpus) or '-'}", 11, fill="#455a64"),
     ]
-    # CPU grid: one square per logical CPU, coloured by socket, darker for first threads.
+    # CPU grid: one square per logical CPU, darker for first threads; orange: held by a
+    # container (exclusive CPUs, from the kubelet).
     cy = y + 54
     per_row = 32
     cell = (NUMA_W - 2 * PAD) / per_row
@@ -93,10 +97,15 @@ def _numa_box(node: NodeSpec, numa_id: int, x: float, y: float, height: float,
         cx = x + PAD + (k % per_row) * cell
         ry = cy + (k // per_row) * cell
         fill = "#7986cb" if cpu.thread == 0 else "#c5cae9"
+        holder, extra = held.get(cpu.id), ""
+        if holder is not None:
+            fill = HELD
+            extra = f' class="cpu-held" data-cpu="{cpu.id}" data-held="{_attr(holder)}"'
         out.append(
             f'<rect x="{cx:.1f}" y="{ry:.1f}" width="{cell - 2:.1f}" height="{cell - 2:.1f}" '
-            f'fill="{fill}"><title>cpu{cpu.id} socket {cpu.socket} core {cpu.core} '
-            f'thread {cpu.thread}</title></rect>'
+            f'fill="{fill}"{extra}><title>cpu{cpu.id} socket {cpu.socket} core {cpu.core} '
+            f'thread {cpu.thread}{escape(f" held by {holder}") if holder else ""}'
+            '</title></rect>'
         )
     rows = max(1, -(-len(cpus) // per_row))
     dy = cy + rows * cell + 14
@@ -153,9 +162,11 @@ def _numa_height(node: NodeSpec, numa_id: int) -> float:
 
 def topology_svg(nodes: Sequence[NodeSpec],
                  views: Mapping[str, Mapping[str, DeviceView]] | None = None,
-                 title: str = "") -> str:
-    """One picture of every node; ``views`` maps node name -> device id -> DeviceView."""
+                 title: str = "", cpus: Mapping[str, Mapping[int, str]] | None = None) -> str:
+    """One picture of every node; ``views`` maps node name -> device id -> DeviceView,
+    ``cpus`` node name -> CPU id -> who holds it exclusively."""
     views = views or {}
+    cpus = cpus or {}
     parts: list[str] = []
     y = 20.0
     width = 0.0
@@ -179,7 +190,7 @@ def topology_svg(nodes: Sequence[NodeSpec],
         for k, numa_id in enumerate(numa_ids):
             nx = 2 * PAD + k * (NUMA_W + gap) - PAD
             parts.extend(_numa_box(node, numa_id, nx + PAD, y + 56, max(heights),
-                                   views.get(node.name, {})))
+                                   views.get(node.name, {}), cpus.get(node.name, {})))
             if k:
                 lx = nx + PAD - gap
                 ly = y + 56 + 30
@@ -203,8 +214,12 @@ def topology_svg(nodes: Sequence[NodeSpec],
                        fill="#455a64"))
     parts.append(_text(lx + 230, legend_y + 12, "dashed line: NUMA distance", 11,
                        fill="#455a64"))
-    height = legend_y + 30
     width = max(width, lx + 230 + 170)
+    if any(cpus.values()):
+        parts.append(_rect(lx + 410, legend_y, 14, 14, HELD, "none", 3))
+        parts.append(_text(lx + 430, legend_y + 12, "CPU held by a pod", 11, fill="#455a64"))
+        width = max(width, lx + 430 + 130)
+    height = legend_y + 30
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}">\n'

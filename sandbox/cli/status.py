@@ -1,4 +1,6 @@
-"""`sandbox status`: what each node's kubelet advertises, devices per NUMA node, health."""
+"""`sandbox status`: what each node's kubelet advertises, devices per NUMA node, health, and
+what a real kubelet decided: which container holds which devices and exclusive CPUs (its
+pod-resources API, ``sandbox.podresources``)."""
 
 from __future__ import annotations
 
@@ -6,15 +8,20 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from sandbox.draw import DeviceView, svg_to_png, topology_svg
 from sandbox.errors import SandboxError
 from sandbox.outfile import check_target, write_file
+from sandbox.podresources import natural
 from sandbox.profile import load_profile
+from sandbox.profile.cpulist import format_cpulist
+from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
 from sandbox.runtimes import runtime_for
-from sandbox.runtimes.base import SandboxStatus
+from sandbox.runtimes.base import NodeStatus, Runtime, SandboxStatus
 from sandbox.session import find_session
-from sandbox.textui import table
+from sandbox.textui import size, table
 
 RUNTIME_NOTE = {
     "local": "FUSE trees + reference device plugin + kubelet harness; no Kubernetes",
@@ -22,16 +29,36 @@ RUNTIME_NOTE = {
     "kind": "kind cluster in Docker",
 }
 
+EXPLAIN = """\
+With a real kubelet (runtimes native and kind), each node also shows what the kubelet
+decided, from its pod-resources API (<kubelet root>/pod-resources/kubelet.sock; root only):
+an allocations table (POD, CONTAINER, RESOURCE, DEVICES as the device plugin names them,
+their NUMA nodes, the container's exclusive CPUS with the NUMA nodes the profile puts them
+on; MEMORY where the memory manager pinned some) and a line of exclusive CPUs per NUMA
+node: allocatable (all the CPU manager may hand out) and held. A container's CPUs are on
+its first row; one holding CPUs but no devices has a row of resource "cpu". Where the API
+cannot be asked, a "! pod-resources: ..." line says why. -o json gives per node
+"allocations" ([{namespace, pod, container, resource, devices, numa, cpus, memory}]) and
+"allocatable" ({devices: {resource: [{id, numa}]}, cpus, memory}; null: not asked), and
+fills devices[].allocated_to; svg/png mark held devices and CPUs. The exit code is 1 when
+a node is not Ready, whatever the pod-resources API says."""
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "status",
-        help="show nodes, devices per NUMA node, health, capacity vs allocatable",
-        description="Show a running sandbox. --output svg|png draws its topology (NUMA nodes, "
-        "CPUs, PCI, devices coloured by health) for slides and workshops.",
+        help="show nodes, devices per NUMA node, health, capacity vs allocatable, and which "
+        "pod holds which devices and CPUs",
+        description="Show a running sandbox. --output svg|png draws its topology (NUMA nodes,\n"
+        "CPUs, PCI, devices coloured by health, who holds them) for slides and workshops.",
+        epilog=EXPLAIN,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--name", help="which sandbox (default: the only one running)")
     p.add_argument("-o", "--output", choices=("table", "json", "svg", "png"), default="table")
+    p.add_argument("--pod", metavar="NAMESPACE/NAME",
+                   help="only this pod's allocations, asked with the kubelet's Get RPC "
+                   "(NAME alone: namespace default); an error if no node's kubelet knows it")
     add_file_arguments(p)
     p.set_defaults(func=run)
 
@@ -52,7 +79,9 @@ def check_picture_file(args: argparse.Namespace) -> None:
         check_target(args.file, args.force)
 
 
-def text(status: SandboxStatus) -> str:
+def text(status: SandboxStatus, cluster: Cluster | None = None, pod: str | None = None) -> str:
+    """The table output. ``cluster`` (the profile, where it loads) maps the kubelet's CPU
+    ids to NUMA nodes; ``pod``: only that pod's allocations are in ``status`` (--pod)."""
     out = [f"sandbox {status.name}  runtime: {status.runtime} "
            f"({RUNTIME_NOTE.get(status.runtime, '')})  profile: {status.profile}"]
     for node in status.nodes:
@@ -74,27 +103,209 @@ def text(status: SandboxStatus) -> str:
             by_numa[d.numa_node].append(f"{d.id}{mark}")
         for numa in sorted(by_numa):
             out.append(f"  NUMA {numa}: {', '.join(by_numa[numa])}")
+        spec = cluster.node(node.name) if cluster is not None else None
+        out.extend(allocation_lines(node, cpu_numa(spec), pod, whole_device_names(spec)))
     return "\n".join(out) + "\n"
+
+
+def whole_device_names(spec: NodeSpec | None) -> dict[str, str]:
+    """A plugin's id of a whole device (GPU UUID, PCI address, /dev node name) -> the
+    profile's device id (``gpu0``), for a table a workshop can read; a VF or an FPGA port
+    keeps its own id."""
+    if spec is None:
+        return {}
+    names = {}
+    for d in spec.devices:
+        for name in (d.uuid, d.address, d.id):
+            names[name] = d.id
+        if d.gpu is not None and d.vendor == "nvidia":
+            names[f"nvidia{d.gpu.minor}"] = d.id
+        if d.gpu is not None and d.gpu.drm_index >= 0:
+            names[f"card{d.gpu.drm_index}"] = d.id
+    names.pop("", None)
+    return names
+
+
+def allocation_lines(node: NodeStatus, numa_of: Mapping[int, int],
+                     pod: str | None = None, names: Mapping[str, str] | None = None
+                     ) -> list[str]:
+    """What the node's kubelet decided (nothing where it was not asked: no real kubelet,
+    or it did not answer, which a note says): the allocations table and the exclusive
+    CPUs per NUMA node (``numa_of``: CPU id -> NUMA node, where known; ``names``: the
+    plugin's device ids -> the profile's, where known: ``-o json`` has the plugin's)."""
+    if node.allocatable is None:
+        return []
+    names = names or {}
+    out = []
+    if node.allocations:
+        memory = any(a.memory for a in node.allocations)
+        rows = [(f"{a.namespace}/{a.pod}", a.container, a.resource,
+                 ",".join(sorted((names.get(d, d) for d in a.devices), key=natural)) or "-",
+                 ",".join(map(str, a.numa)) or "-", _cpus(a.cpus, numa_of),
+                 *([", ".join(f"{m.type}={size(m.size)}@{','.join(map(str, m.numa)) or '?'}"
+                              for m in a.memory) or "-"] if memory else []))
+                for a in node.allocations]
+        out.append("  allocations (the kubelet's pod-resources API):")
+        out.append(table(("POD", "CONTAINER", "RESOURCE", "DEVICES", "NUMA", "CPUS",
+                          *(["MEMORY"] if memory else [])), rows, indent="  "))
+    elif pod is not None:
+        out.append(f"  (pod {pod} holds no devices or exclusive CPUs on this node)")
+    else:
+        out.append("  (no pod holds devices or exclusive CPUs)")
+    out.append(_cpu_line(node.allocatable.cpus, {c for a in node.allocations for c in a.cpus},
+                         numa_of))
+    return out
+
+
+def _cpus(cpus: Sequence[int], numa_of: Mapping[int, int]) -> str:
+    if not cpus:
+        return "-"
+    numas = sorted({numa_of[c] for c in cpus if c in numa_of})
+    where = f" (NUMA {','.join(map(str, numas))})" if numas else ""
+    return format_cpulist(cpus) + where
+
+
+def _cpu_line(allocatable: Sequence[int], held: set[int], numa_of: Mapping[int, int]) -> str:
+    if not allocatable:
+        return ("  exclusive CPUs: none allocatable (the kubelet's CPU manager policy is not "
+                "static)")
+    if not numa_of:
+        return (f"  exclusive CPUs: {format_cpulist(allocatable)} ({len(allocatable)} "
+                f"allocatable, {len(held)} held)")
+    by_numa: dict[int | str, list[int]] = defaultdict(list)
+    for c in allocatable:
+        by_numa[numa_of.get(c, "?")].append(c)
+    parts = [f"NUMA {k}: {format_cpulist(cpus)} ({len(cpus)} allocatable, "
+             f"{len(held.intersection(cpus))} held)"
+             for k, cpus in sorted(by_numa.items(), key=lambda kv: str(kv[0]))]
+    return "  exclusive CPUs: " + "; ".join(parts)
+
+
+def cpu_numa(spec: NodeSpec | None) -> dict[int, int]:
+    """CPU id -> NUMA node, as the profile lays the node out (empty: no profile)."""
+    return {c.id: c.numa_node for c in spec.cpus} if spec is not None else {}
+
+
+def device_names(d: DeviceSpec) -> set[str]:
+    """Every id a device plugin may give this device or its parts: the profile's id, the
+    GPU UUID, PCI addresses of its functions and VFs, DRM card, /dev/nvidiaN, FPGA ports."""
+    names = {d.id, d.uuid, *(f.address for f in d.functions)}
+    if d.gpu is not None:
+        names.update(d.gpu.vf_addresses)
+        if d.gpu.drm_index >= 0:
+            names.add(f"card{d.gpu.drm_index}")
+        if d.vendor == "nvidia":
+            names.add(f"nvidia{d.gpu.minor}")
+    if d.nic is not None:
+        names.update(a for pf in d.nic.vf_addresses for a in pf)
+    if d.fpga is not None and d.fpga.first_port >= 0:
+        names.update(f"dfl-port.{d.fpga.first_port + k}" for k in range(d.fpga.ports))
+    names.discard("")
+    return names
+
+
+def mark_holders(status: SandboxStatus, cluster: Cluster | None) -> None:
+    """Fill each device's ``allocated_to`` from the kubelet's allocations: who holds it
+    or a part of it (a VF, an FPGA port), matched through ``device_names``."""
+    for node in status.nodes:
+        spec = cluster.node(node.name) if cluster is not None else None
+        if spec is None or not node.allocations:
+            continue
+        owner = {name: d.id for d in spec.devices for name in device_names(d)}
+        holders: dict[str, list[str]] = defaultdict(list)
+        for a in node.allocations:
+            for dev in a.devices:
+                dev_id = owner.get(dev)
+                if dev_id is not None and a.holder not in holders[dev_id]:
+                    holders[dev_id].append(a.holder)
+        for d in node.devices:
+            if d.id in holders:
+                d.allocated_to = ", ".join(holders[d.id])
+
+
+def held_cpus(node: NodeStatus) -> dict[int, str]:
+    """CPU id -> the container that holds it exclusively."""
+    return {c: a.holder for a in node.allocations for c in a.cpus}
+
+
+def parse_pod(text: str) -> tuple[str, str]:
+    namespace, _, name = text.rpartition("/")
+    namespace = namespace or "default"
+    if not name or "/" in namespace:
+        raise SandboxError(f"--pod {text!r}: expected NAMESPACE/NAME, e.g. default/train")
+    return namespace, name
+
+
+def only_pod(runtime: Runtime, state_dir: Path, status: SandboxStatus, namespace: str,
+             name: str) -> None:
+    """Replace every node's allocations with the pod's (the Get RPC of each node's kubelet
+    that answered List); SandboxError when none of them knows the pod."""
+    from sandbox.podresources import get_pod
+
+    asked = [n for n in status.nodes if n.allocatable is not None]
+    if not asked:
+        if all(runtime.pod_resources_socket(state_dir, n.name) is None for n in status.nodes):
+            raise SandboxError(f"--pod asks a real kubelet; the {status.runtime} runtime runs "
+                               "none (use --runtime native or kind)")
+        raise SandboxError(f"--pod {namespace}/{name}: no node's kubelet answers its "
+                           "pod-resources API (see `sandbox status`)")
+    problems, found = [], False
+    for node in status.nodes:
+        node.allocations = []
+        socket = runtime.pod_resources_socket(state_dir, node.name)
+        if node.allocatable is None or socket is None:
+            continue
+        try:
+            node.allocations = get_pod(socket, namespace, name)
+            found = True
+        except SandboxError as exc:
+            problems.append(f"{node.name}: {exc}" if len(asked) > 1 else str(exc))
+    if not found:
+        raise SandboxError("; ".join(problems))
+
+
+def _profile(status: SandboxStatus, needed: bool) -> Cluster | None:
+    """The sandbox's profile: for svg/png it must load; else only where a kubelet told
+    something to map onto it, and a failure is a note on stderr."""
+    if not needed and all(n.allocatable is None for n in status.nodes):
+        return None
+    try:
+        return load_profile(status.profile).cluster
+    except (SandboxError, OSError) as exc:
+        if needed:
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"note: profile {status.profile}: {first}; devices and CPUs are not matched "
+              "to the profile", file=sys.stderr)
+        return None
 
 
 def run(args: argparse.Namespace) -> int:
     check_picture_file(args)
+    pod = parse_pod(args.pod) if args.pod else None
     session = find_session(args.name)
-    status = runtime_for(session.runtime).status(session.state_dir)
+    runtime = runtime_for(session.runtime)
+    status = runtime.status(session.state_dir)
     ready = 0 if all(n.ready for n in status.nodes) else 1  # scripts can test the status
+    if pod is not None:
+        only_pod(runtime, session.state_dir, status, *pod)
+    picture = args.output in ("svg", "png")
+    cluster = _profile(status, picture)
+    mark_holders(status, cluster)
     if args.output == "json":
         json.dump(status.to_dict(), sys.stdout, indent=2)
         print()
         return ready
     if args.output == "table":
-        sys.stdout.write(text(status))
+        sys.stdout.write(text(status, cluster, "/".join(pod) if pod else None))
         return ready
-    cluster = load_profile(status.profile).cluster
+    assert cluster is not None  # _profile raises for a picture
     views = {
         n.name: {d.id: DeviceView(d.health, d.reason, d.allocated_to) for d in n.devices}
         for n in status.nodes
     }
-    svg = topology_svg(cluster.nodes, views, title=f"{status.name} ({status.runtime})")
+    svg = topology_svg(cluster.nodes, views, title=f"{status.name} ({status.runtime})",
+                       cpus={n.name: held_cpus(n) for n in status.nodes})
     write_picture(svg, args.output, args.file, args.force)
     return 0
 

@@ -31,10 +31,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox.errors import SandboxError
 from sandbox.profile.spec import Cluster
+
+if TYPE_CHECKING:  # grpcio is loaded only where a kubelet is asked (add_pod_resources)
+    from sandbox.podresources import Allocatable, Allocation
 
 Progress = Callable[[str], None]
 
@@ -89,6 +92,10 @@ class NodeStatus:
     devices: list[DeviceStatus] = field(default_factory=list)
     resources: list[ResourceStatus] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # What the node's real kubelet decided (its pod-resources API: ``add_pod_resources``);
+    # allocatable None: not asked (no real kubelet) or it did not answer (see notes).
+    allocations: list[Allocation] = field(default_factory=list)
+    allocatable: Allocatable | None = None
 
 
 @dataclass
@@ -99,7 +106,11 @@ class SandboxStatus:
     nodes: list[NodeStatus] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for node, data in zip(self.nodes, out["nodes"], strict=True):
+            data["allocations"] = [a.to_dict() for a in node.allocations]
+            data["allocatable"] = node.allocatable.to_dict() if node.allocatable else None
+        return out
 
 
 class Runtime(Protocol):
@@ -123,6 +134,10 @@ class Runtime(Protocol):
         sockets, DRA drivers' registration sockets): compared before and after a kubelet
         restart to tell when the plugins have registered again."""
 
+    def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
+        """Where this process reaches the node's kubelet's pod-resources API (a path on
+        this host); None when the runtime runs no real kubelet."""
+
 
 def device_statuses(devices: dict[str, dict[str, Any]]) -> list[DeviceStatus]:
     """What a node's control socket says of its devices (``ControlClient.devices``), as
@@ -135,6 +150,20 @@ def device_statuses(devices: dict[str, dict[str, Any]]) -> list[DeviceStatus]:
                                 int(dev.get("numa_node", -1)), dev.get("pci_address", ""),
                                 health, state.get("reason")))
     return out
+
+
+def add_pod_resources(node: NodeStatus, socket: Path | None) -> None:
+    """Fill ``node.allocations`` and ``node.allocatable`` from the kubelet's pod-resources
+    API at ``socket`` (``Runtime.pod_resources_socket``; None: nothing to ask); where it
+    cannot be asked, a note says why."""
+    if socket is None:
+        return
+    from sandbox.podresources import read_node
+
+    try:
+        node.allocations, node.allocatable = read_node(socket)
+    except SandboxError as exc:
+        node.notes.append(f"pod-resources: {exc}")
 
 
 def write_record(state_dir: Path, record: dict[str, Any]) -> None:

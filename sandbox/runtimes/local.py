@@ -184,6 +184,9 @@ class LocalRuntime:
     def registered_plugins(self, state_dir: Path, node: str) -> frozenset[str]:
         return _registered(_node_info(state_dir, node))
 
+    def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
+        return None  # the kubelet harness serves no pod-resources API
+
 
 class _Up:
     """One ``up``: the steps' ``do``s. Every node's harness starts first (no
