@@ -112,3 +112,39 @@ def test_kind_accepts_host_patches(kind: tuple[Path, dict[str, str]], tmp_path: 
     plain = kind_config(cluster, "hwsb", Path("/run/hw-sandbox/hwsb"))
     assert "networking" not in plain
     assert not any("failCgroupV1" in p for p in plain["kubeadmConfigPatches"])
+
+
+def test_each_replica_shows_its_kubelets_pod_resources_dir_to_the_host() -> None:
+    """The host reaches each node kubelet's pod-resources socket (`sandbox status`) through
+    a bind mount of the replica's host dir; the control plane kind adds has none."""
+    from sandbox.runtimes.kind import KindRuntime
+
+    state = Path("/run/hw-sandbox/ws")
+    cluster = load_profile(ROOT / "profiles" / "workshop-mixed.yaml").cluster
+    doc = kind_config(cluster, "ws", state)
+    for node in doc["nodes"]:
+        replica = node["labels"]["hwsandbox.dev/node"] if "labels" in node else None
+        mounts = [m for m in node.get("extraMounts", [])
+                  if m["containerPath"] == "/var/lib/kubelet/pod-resources"]
+        if replica is None:
+            assert mounts == []
+            continue
+        socket = KindRuntime().pod_resources_socket(state, replica)
+        assert socket is not None
+        assert mounts == [{"hostPath": str(socket.parent),
+                           "containerPath": "/var/lib/kubelet/pod-resources"}]
+        assert socket.parent == state / "nodes" / replica / "pod-resources"
+
+
+def test_every_node_runs_runc_through_the_cpuset_mapper() -> None:
+    """Issue 22: containerd on every node (the control plane kind adds too) names the
+    wrapper as runc's binary from its first start, and every node sees its directory."""
+    state = Path("/run/hw-sandbox/ws")
+    cluster = load_profile(ROOT / "profiles" / "workshop-mixed.yaml").cluster
+    doc = kind_config(cluster, "ws", state)
+    for node in doc["nodes"]:
+        assert {"hostPath": str(state / "bin"), "containerPath": "/opt/hw-sandbox/bin",
+                "readOnly": True} in node["extraMounts"], node
+    patches = doc["containerdConfigPatches"]
+    assert ('[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+            '  BinaryName = "/opt/hw-sandbox/bin/runc-cpumap"') in patches

@@ -73,6 +73,10 @@ def test_up_refuses_bad_syntax(tmp_path: Path, profile: Path, args: list[str],
                      "--dra-skip-node-operations", "vf"],
      "--dra-skip-node-operations needs the DRAOptionalNodeOperations feature gate: "
      "add --feature-gates DRAOptionalNodeOperations=true"),
+    (MIG_PROFILE, ["--runtime", "local", "--pre-start-required"],
+     "--pre-start-required is for the reference device plugin on a real kubelet"),
+    (MIG_PROFILE, [*NATIVE, "--no-device-plugin", "--pre-start-required"],
+     "without --no-device-plugin"),
 ])  # fmt: skip
 def test_up_refuses_options_without_their_runtime_or_gate(
         tmp_path: Path, profile: Path, args: list[str], message: str) -> None:

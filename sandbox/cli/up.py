@@ -75,6 +75,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "and native runtimes), so that a third-party plugin you deploy next "
                    "(`sandbox plugins deploy nvidia-device-plugin`) is the only one "
                    "advertising it")
+    p.add_argument("--kubelet-topology", choices=("emulated", "host"), default="emulated",
+                   help="emulated (default, kind and native runtimes): each node's kubelet "
+                   "sees the profile's CPUs, NUMA nodes and memory, and applies its CPU, "
+                   "topology and memory manager settings; host: the kubelet sees this "
+                   "machine, and only the topology manager policy applies (kind: not even "
+                   "that, and no kubelet restart during up)")
+    p.add_argument("--pre-start-required", action="store_true",
+                   help="the reference device plugin asks the kubelet to call its "
+                   "PreStartContainer before every container holding one of its devices "
+                   "(kind and native runtimes; the call shows in the plugin's log)")
     p.add_argument("--feature-gates", metavar="A=true,B=false", type=parse_feature_gates,
                    help="Kubernetes feature gates for every component (native runtime only: "
                    "kube-apiserver, controller-manager, scheduler, kubelet), e.g. "
@@ -165,6 +175,9 @@ def run(args: argparse.Namespace) -> int:
                            "runtime runs its own Kubernetes components)")
     if args.no_device_plugin and args.runtime == "local":
         raise SandboxError(_NO_PLUGIN_LOCAL)
+    if args.pre_start_required and (args.runtime == "local" or args.no_device_plugin):
+        raise SandboxError("--pre-start-required is for the reference device plugin on a "
+                           "real kubelet: --runtime native or kind, without --no-device-plugin")
     loaded = load_profile(args.profile)
     name = args.name or loaded.cluster.name
     if args.runtime == "auto":
@@ -185,6 +198,19 @@ def run(args: argparse.Namespace) -> int:
         if not isinstance(runtime, KindRuntime | NativeRuntime):  # auto chose local
             raise SandboxError(_NO_PLUGIN_LOCAL)
         runtime.reference_plugin = False
+    if args.kubelet_topology == "host":
+        from sandbox.runtimes.kind import KindRuntime
+        from sandbox.runtimes.native import NativeRuntime
+
+        if isinstance(runtime, KindRuntime | NativeRuntime):  # the local runtime has none
+            runtime.emulate_topology = False
+    if args.pre_start_required:
+        from sandbox.runtimes.kind import KindRuntime
+        from sandbox.runtimes.native import NativeRuntime
+
+        if not isinstance(runtime, KindRuntime | NativeRuntime):  # auto chose local
+            raise SandboxError("--pre-start-required needs the kind or native runtime")
+        runtime.plugin_options = ("--pre-start-required",)
     if gates or wants_dra:
         from sandbox.runtimes.native import NativeRuntime
 

@@ -40,11 +40,13 @@ from sandbox.catalog import find_plugin
 from sandbox.errors import ControlError, RuntimeBackendError, SandboxError
 from sandbox.profile import spec
 from sandbox.profile.spec import Cluster
+from sandbox.runtimes import kindtopology, kubeletns
 from sandbox.runtimes.base import (
     NodeStatus,
     Progress,
     ResourceStatus,
     SandboxStatus,
+    add_pod_resources,
     device_statuses,
     read_record,
     remove_state_dir,
@@ -70,6 +72,8 @@ from sandbox.runtimes.steps import Step, run_steps, undo_steps
 
 AGENT_TIMEOUT = 180.0
 PLUGIN_TIMEOUT = 120.0
+# <state>/nodes/<replica>/pod-resources: the node's /var/lib/kubelet/pod-resources
+POD_RESOURCES = "pod-resources"
 
 
 def network_name(name: str) -> str:
@@ -147,6 +151,19 @@ def _mounts_under(path: Path) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
+def exec_in_node(target: str, argv: list[str], step: str) -> str:
+    """``docker exec TARGET ARGV``: its output, or RuntimeBackendError naming ``step``."""
+    try:
+        result = docker_client().containers.get(target).exec_run(argv)
+    except Exception as exc:  # noqa: BLE001 - docker raises many types
+        raise RuntimeBackendError(step, f"docker exec {target}: {exc}") from exc
+    output = str(result.output.decode(errors="replace")).strip()
+    if result.exit_code != 0:
+        raise RuntimeBackendError(step, f"docker exec {target} {argv[0]} exited "
+                                  f"{result.exit_code}: {output[-400:]}")
+    return output
+
+
 # --- the runtime ------------------------------------------------------------------------------
 
 class KindRuntime:
@@ -155,6 +172,11 @@ class KindRuntime:
     # DaemonSet of our device plugin is made: a third-party plugin deployed next is the
     # only one advertising it
     reference_plugin = True
+    # more flags for the reference device plugin's DaemonSet (--pre-start-required)
+    plugin_options: tuple[str, ...] = ()
+    # False (`sandbox up --kubelet-topology host`): the kubelets keep the host's machine
+    # and kind's own settings (no restart on the emulated one)
+    emulate_topology = True
 
     def node_image(self) -> tuple[str, bool]:
         """(image, present locally): SANDBOX_KIND_IMAGE, else our built one if present,
@@ -280,6 +302,7 @@ class KindRuntime:
                     node.notes.append(f"fake hardware server not answering: {exc}")
                     devices = {}
                 node.devices.extend(device_statuses(devices))
+                add_pod_resources(node, self.pod_resources_socket(state_dir, node.name))
             out.nodes.append(node)
         return out
 
@@ -305,6 +328,11 @@ class KindRuntime:
         except Exception as exc:  # noqa: BLE001 - docker raises many types
             raise ControlError(f"{node}: cannot list the kubelet's plugin sockets: {exc}") from exc
         return frozenset(result.output.decode(errors="replace").split())
+
+    def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
+        """The node's /var/lib/kubelet/pod-resources is bind-mounted from here
+        (kind-config/node.yaml); a unix socket works across a bind mount."""
+        return state_dir / "nodes" / node / POD_RESOURCES / "kubelet.sock"
 
     def _kind_node_for(self, state_dir: Path, node: str) -> str:
         record = read_record(state_dir) or {}
@@ -343,6 +371,10 @@ class _KindUp:
                 "preflight", f"a kind cluster named {self.name!r} already exists (not this "
                 f"sandbox's); delete it with `kind delete cluster --name {self.name}` or pick "
                 "another --name")
+        for node in self.cluster.nodes if self.runtime.emulate_topology else ():
+            problem = kubeletns.policy_problem(node, node.cpu_manager_policy)
+            if problem:
+                raise RuntimeBackendError("preflight", problem)
         image, present = self.runtime.node_image()
         if not present and os.environ.get("SANDBOX_KIND_IMAGE"):
             raise RuntimeBackendError(
@@ -359,6 +391,8 @@ class _KindUp:
         for node in self.cluster.nodes:  # bind-mounted at STATE_IN_NODE in the node container
             (self.nodes / node.name).mkdir(parents=True, exist_ok=True)
             (self.nodes / node.name / SPEC_FILE).write_text(spec.dump(node))
+            # the node's kubelet's pod-resources dir (its socket is root's alone)
+            (self.nodes / node.name / POD_RESOURCES).mkdir(mode=0o700, exist_ok=True)
 
     def config(self) -> None:
         """The kind config for this Docker host and node image; a shared mount for the
@@ -369,6 +403,7 @@ class _KindUp:
             self.facts = HostFacts(
                 cgroup_v1=str(self.client.info().get("CgroupVersion", "2")) == "1",
                 restrict_oom=_localdocker_client() and _caps_missing())
+        kindtopology.install_wrapper(self.state_dir)
         config = self.state_dir / "kind-config.yaml"
         config.write_text(kind_config_text(self.cluster, self.name, self.state_dir,
                                            self.image or None, self.facts))
@@ -419,11 +454,57 @@ class _KindUp:
             "(no device plugin: --no-device-plugin)"))
         create(api, agent_manifests(self.cluster), "agent")
         if plugin:
-            create(api, list(yaml.safe_load_all(
-                find_plugin("hw-sandbox-device-plugin").text())), "plugins")
+            manifests = list(yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text()))
+            for doc in manifests:
+                if doc and doc.get("kind") == "DaemonSet":
+                    for container in doc["spec"]["template"]["spec"]["containers"]:
+                        container["args"] = [*container.get("args", []),
+                                             *self.runtime.plugin_options]
+            create(api, manifests, "plugins")
         self.runtime._wait_agents(api, self.cluster, self.state_dir, self.progress)
         if plugin:
             self.runtime._wait_plugins(api, self.cluster, self.progress)
+
+    def topology(self) -> None:
+        """Each profile node's kubelet restarted on its emulated machine
+        (``kindtopology``), then until each node is Ready with the emulated CPU count and,
+        with our plugin, advertises again."""
+        if not self.runtime.emulate_topology:
+            return
+        api = api_client(self.kubeconfig)
+        self.progress("restarting the kubelets on the emulated CPUs, NUMA nodes and memory")
+        targets = {node.name: self.runtime._kind_node_for(self.state_dir, node.name)
+                   for node in self.cluster.nodes}
+        for node in self.cluster.nodes:
+            kindtopology.write_node_files(self.nodes / node.name, node)
+            exec_in_node(targets[node.name], ["sh", "-c", kindtopology.RECONFIGURE],
+                         "topology")
+        want = {node.name: len(node.cpus) for node in self.cluster.nodes}
+        deadline = time.monotonic() + PLUGIN_TIMEOUT
+        while want:
+            for item in api.list_node().items:
+                replica = (item.metadata.labels or {}).get(NODE_LABEL)
+                if replica not in want:
+                    continue
+                capacity = item.status.capacity or {}
+                allocatable = item.status.allocatable or {}
+                ready = any(c.type == "Ready" and c.status == "True"
+                            for c in item.status.conditions or [])
+                advertises = not self.runtime.reference_plugin or not any(
+                    ours(r) for r in capacity) or any(
+                    ours(r) and int(v) > 0 for r, v in allocatable.items())
+                if ready and capacity.get("cpu") == str(want[replica]) and advertises:
+                    self.progress(f"{replica}: kubelet sees cpu={capacity.get('cpu')}, "
+                                  f"memory={capacity.get('memory')}")
+                    del want[replica]
+            if not want:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeBackendError(
+                    "topology", f"{', '.join(sorted(want))}: the kubelet did not come back "
+                    f"on the emulated machine within {PLUGIN_TIMEOUT:.0f}s; see `docker exec "
+                    f"{targets[sorted(want)[0]]} journalctl -u kubelet`")
+            time.sleep(0.25)
 
 
 def _node_volumes(cluster: str) -> dict[str, Path]:
@@ -476,8 +557,8 @@ def _steps(state_dir: Path, progress: Progress, up: _KindUp | None = None) -> li
         _unmount(_mounts_under(state_dir))
 
     steps = [Step("preflight"), Step("config", undo=unmount_all),
-             Step("cluster", undo=delete_cluster), Step("agent")]
+             Step("cluster", undo=delete_cluster), Step("agent"), Step("topology")]
     if up is None:
         return steps
-    dos = [up.preflight, up.config, up.cluster_and_image, up.agent_and_plugins]
+    dos = [up.preflight, up.config, up.cluster_and_image, up.agent_and_plugins, up.topology]
     return [replace(step, do=do) for step, do in zip(steps, dos, strict=True)]

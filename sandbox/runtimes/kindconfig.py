@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from sandbox.profile.spec import Cluster
+from sandbox.runtimes import kindtopology
 
 NODE_LABEL = "hwsandbox.dev/node"
 
@@ -78,11 +79,14 @@ def kind_config(cluster: Cluster, name: str, host_state_dir: Path,
     for node in nodes:
         if image:
             node["image"] = image
+        # the cpuset-mapping runc wrapper (kindtopology.py), on every node
+        node.setdefault("extraMounts", []).append(kindtopology.bin_mount(host_state_dir))
     # kind orders control planes first when naming; keep the document in that order too.
     config["nodes"] = sorted(nodes, key=lambda n: 0 if n["role"] == "control-plane" else 1)
     if host.cgroup_v1:
         config.setdefault("kubeadmConfigPatches", []).append(
             "kind: KubeletConfiguration\nfailCgroupV1: false\n")
+    config.setdefault("containerdConfigPatches", []).append(kindtopology.containerd_patch())
     if host.restrict_oom:
         config.setdefault("containerdConfigPatches", []).append(
             '[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true')

@@ -378,22 +378,27 @@ class Sandboxes:
 
     def get(self, profile: Path, reference_plugin: bool = True, dra_driver: bool = False,
             feature_gates: dict[str, bool] | None = None,
-            dra_options: tuple[str, ...] = ()) -> NativeCluster:
+            dra_options: tuple[str, ...] = (),
+            plugin_options: tuple[str, ...] = ()) -> NativeCluster:
         current = self.current
         gates = dict(feature_gates or {})
         if current is not None and (current.profile, current.runtime.reference_plugin,
                                     current.runtime.dra_driver, current.runtime.feature_gates,
-                                    tuple(current.runtime.dra_options)) == (
-                profile, reference_plugin, dra_driver, gates, dra_options):
+                                    tuple(current.runtime.dra_options),
+                                    current.runtime.plugin_options) == (
+                profile, reference_plugin, dra_driver, gates, dra_options, plugin_options):
             return current
         self.release()
-        return self._up(profile, reference_plugin, dra_driver, gates, dra_options)
+        return self._up(profile, reference_plugin, dra_driver, gates, dra_options,
+                        plugin_options)
 
     def _up(self, profile: Path, reference_plugin: bool, dra_driver: bool = False,
             feature_gates: dict[str, bool] | None = None,
-            dra_options: tuple[str, ...] = ()) -> NativeCluster:
+            dra_options: tuple[str, ...] = (),
+            plugin_options: tuple[str, ...] = ()) -> NativeCluster:
         runtime = NativeRuntime(feature_gates=feature_gates, reference_plugin=reference_plugin,
-                                dra_driver=dra_driver, dra_options=dra_options)
+                                dra_driver=dra_driver, dra_options=dra_options,
+                                plugin_options=plugin_options)
         reason = runtime.unavailable_reason()
         if reason is not None:
             pytest.fail(f"native runtime unavailable: {reason}")

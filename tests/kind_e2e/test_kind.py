@@ -149,12 +149,15 @@ def test_restart_kubelet_plugin_reregisters(gpu: KindSandbox) -> None:
             capture_output=True, text=True, env=gpu.kenv.env, check=False)
         return proc.stdout.count("registered with ") if proc.returncode == 0 else -1
 
-    assert registrations() == 1
+    # once at the start, once more when `up` restarted the kubelet on the emulated machine
+    registered = registrations()
+    assert registered == 2
     out = gpu.sandbox("fault", "--name", NAME, "restart-kubelet", "gpu-worker").stdout
     assert "gpu-worker: kubelet restarted" in out, out
     assert "plugin registration(s) back after" in out, out
     # the restarted kubelet recreates its socket; the plugin sees that and registers again
-    took = gpu.wait_for("the device plugin registered again", lambda: registrations() == 2)
+    took = gpu.wait_for("the device plugin registered again",
+                        lambda: registrations() == registered + 1)
     print(f"restart-kubelet -> plugin re-registered: {took:.2f}s")
     took = gpu.wait_resource("gpu-worker", GPU, before, timeout=120)
     gpu.sandbox("fault", "--name", NAME, "plug", "gpu-worker", "gpu6")
@@ -175,6 +178,121 @@ def test_a_second_sandbox_may_not_take_an_existing_cluster_name(gpu: KindSandbox
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "other-root" / NAME).exists()
     gpu.wait_resource("gpu-worker", GPU, (8, 8), timeout=30)
+
+
+# -- issue 22: the kubelet allocates against the emulated machine -------------------------
+
+def _pod(name: str, command: str, limits: dict[str, str]) -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "c", "image": "hw-sandbox:latest",
+                                     "imagePullPolicy": "Never", "command": ["sh", "-c", command],
+                                     "resources": {"limits": limits}}]}}
+
+
+def _phase(sb: KindSandbox, name: str) -> str:
+    return sb.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}/{.status.reason}")
+
+
+def _socket(sb: KindSandbox) -> Path:
+    return sb.state_dir / "nodes" / "gpu-worker" / "pod-resources" / "kubelet.sock"
+
+
+def _held(sb: KindSandbox, pod: str) -> tuple[list[int], dict[str, tuple[int, ...]]]:
+    """(exclusive CPUs, GPU id -> NUMA ids) of default/``pod``, from the node's
+    pod-resources API through its socket on the host."""
+    from sandbox.podresources import list_allocations
+
+    rows = [a for a in list_allocations(_socket(sb)) if a.pod == pod]
+    cpus = sorted(c for a in rows for c in a.cpus)
+    gpus = {d: a.numa for a in rows if a.resource == GPU for d in a.devices}
+    return cpus, gpus
+
+
+def _numa_of_gpus(sb: KindSandbox) -> dict[str, int]:
+    root = sb.state_dir / "nodes" / "gpu-worker" / "root"
+    found = {}
+    for info in (root / "proc/driver/nvidia/gpus").glob("*/information"):
+        m = re.search(r"GPU UUID:\s*(\S+)", info.read_text())
+        assert m, info
+        found[m.group(1)] = int((root / "sys/bus/pci/devices" / info.parent.name.lower()
+                                 / "numa_node").read_text())
+    return found
+
+
+def test_kubelet_sees_the_emulated_machine(gpu: KindSandbox) -> None:
+    nodes = gpu.nodes()
+    capacity = nodes["gpu-worker"]["status"]["capacity"]
+    assert (capacity["cpu"], capacity["memory"]) == ("64", "512Gi"), capacity
+    # the control plane has no profile: the real machine
+    (control,) = [n for k, n in nodes.items() if k != "gpu-worker"]
+    assert control["status"]["capacity"]["cpu"] != "64"
+    container = nodes["gpu-worker"]["metadata"]["name"]
+    # in the kubelet's mount namespace the tree's CPUs; in the node's own, the real ones
+    script = ("cat /proc/$(pidof kubelet)/root/sys/devices/system/cpu/online "
+              "/sys/devices/system/cpu/online; journalctl -u kubelet --no-pager")
+    out = subprocess.run(["docker", "exec", container, "sh", "-c", script],
+                         capture_output=True, text=True, timeout=60, check=False,
+                         env=gpu.kenv.env).stdout
+    seen, real, journal = out.split("\n", 2)
+    assert seen == "0-63"
+    assert real == Path("/sys/devices/system/cpu/online").read_text().strip()
+    since = journal.rfind("Starting kubelet")  # its start on the emulated machine
+    assert "unknown to cadvisor" not in journal[since:]
+
+
+def test_topology_manager_places_gpus(gpu: KindSandbox) -> None:
+    numa = _numa_of_gpus(gpu)
+    gpu.kubectl("apply", "-f", "-", input_text=json.dumps(
+        _pod("four-gpus", "sleep 3600", {GPU: "4"})))
+    gpu.wait_for("four-gpus running", lambda: _phase(gpu, "four-gpus").startswith("Running"))
+    _, given = _held(gpu, "four-gpus")
+    assert len(given) == 4, given
+    assert len({numa[u] for u in given}) == 1, given
+    gpu.kubectl("delete", "pod", "four-gpus", "--wait=true")
+    gpu.kubectl("apply", "-f", "-", input_text=json.dumps(
+        _pod("five-gpus", "sleep 3600", {GPU: "5"})))
+    gpu.wait_for("five-gpus decided", lambda: not _phase(gpu, "five-gpus").startswith("Pending")
+                 and _phase(gpu, "five-gpus") != "/")
+    assert _phase(gpu, "five-gpus") == "Failed/TopologyAffinityError"
+    gpu.kubectl("delete", "pod", "five-gpus", "--wait=true")
+
+
+def test_guaranteed_pod_pinned_and_kept_across_a_kubelet_restart(gpu: KindSandbox) -> None:
+    numa = _numa_of_gpus(gpu)
+    gpu.kubectl("apply", "-f", "-", input_text=json.dumps(_pod(
+        "pinned", "grep Cpus_allowed_list /proc/self/status; sleep 3600",
+        {"cpu": "8", "memory": "256Mi", GPU: "2"})))
+    gpu.wait_for("pinned running", lambda: _phase(gpu, "pinned").startswith("Running"))
+    cpus, gpus = _held(gpu, "pinned")
+    assert (len(cpus), len(gpus)) == (8, 2), (cpus, gpus)
+    (node,) = {numa[u] for u in gpus}
+    assert all(c in range(16 * node, 16 * node + 16) or c in range(32 + 16 * node,
+               48 + 16 * node) for c in cpus), (cpus, node)
+    container = gpu.nodes()["gpu-worker"]["metadata"]["name"]
+
+    def entry() -> str:
+        state = json.loads(subprocess.run(
+            ["docker", "exec", container, "cat", "/var/lib/kubelet/cpu_manager_state"],
+            capture_output=True, text=True, timeout=60, check=True, env=gpu.kenv.env).stdout)
+        return str(next(iter(state.get("entries", {}).values()), {}).get("c", ""))
+
+    pinned = entry()
+    assert pinned
+    shown = gpu.sandbox("status", "--name", NAME, "--pod", "default/pinned").stdout
+    assert all(u in shown for u in gpus), shown
+    gpu.sandbox("fault", "--name", NAME, "restart-kubelet", "gpu-worker")
+
+    def listed_again() -> bool:
+        try:
+            return _held(gpu, "pinned") == (cpus, gpus)
+        except Exception:  # noqa: BLE001 - the kubelet is coming back
+            return False
+
+    gpu.wait_for("the allocation in pod-resources again", listed_again, 60)
+    assert entry() == pinned
+    assert gpu.nodes()["gpu-worker"]["status"]["capacity"]["cpu"] == "64"
+    gpu.kubectl("delete", "pod", "pinned", "--wait=true")
 
 
 def test_down_leaves_nothing(gpu: KindSandbox) -> None:

@@ -13,16 +13,18 @@ detached processes with pid files and logs under ``state_dir``::
 It owns: certificates (``openssl`` CLI), kubeconfigs (``state_dir/kubeconfig`` is the
 admin's), the containerd and kubelet configs, the CNI config (bridge ``hwsb0`` +
 host-local; containerd adds loopback), the local pause and busybox images (``_images``).
-The fake hardware comes from ``sandbox.agent`` (``prepare_node_tree``): the kubelet's own
-/sys stays real; device plugins read the FUSE tree; containerd sees the node's device
+The fake hardware comes from ``sandbox.agent`` (``prepare_node_tree``): the kubelet sees the
+tree's CPUs, NUMA nodes and memory in a mount namespace of its own
+(``sandbox.runtimes.kubeletns``), containerd runs runc through the cpuset mapper
+(``sandbox.runtimes.cpumap``); device plugins read the FUSE tree; containerd sees the node's device
 nodes (``state_dir/dev``, all 1:3, plus the fake /dev's relative symlinks such as
 ``dri/by-path``) under its /dev through an overlay in its own mount namespace
 (``_with_node_dev``), so the host's /dev is never written.
 
 Only the profile's FIRST node is run; the Kubernetes node name is its ``NodeSpec.name``.
-The kubelet's root dir is ``/var/lib/kubelet`` (``HWSANDBOX_KUBELET_ROOT`` overrides) so
-device plugins find ``device-plugins/kubelet.sock`` where they expect it; only one native
-sandbox can run on a machine at a time.
+The kubelet's root dir is ``/var/lib/kubelet`` (``HWSANDBOX_KUBELET_ROOT`` overrides; the
+kubelet serves device plugins at ``/var/lib/kubelet/device-plugins/kubelet.sock`` whatever
+its root dir); only one native sandbox can run on a machine at a time.
 
 ``up`` runs named steps (``native.steps``: certificates, etcd, kube-apiserver,
 controllers, node tree, containerd, images, kubelet, device plugin, DRA driver, node
@@ -49,10 +51,11 @@ from typing import Any
 
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile.spec import Cluster
-from sandbox.runtimes import _images
+from sandbox.runtimes import _images, kubeletns
 from sandbox.runtimes.base import (
     Progress,
     SandboxStatus,
+    add_pod_resources,
     read_record,
     remove_marked_dir,
     remove_state_dir,
@@ -73,6 +76,7 @@ from sandbox.runtimes.native.common import (
     CONTAINERD_BUILD_HINT,
     CONTAINERD_TOOLS,
     CONTAINERD_VERSION,
+    DEVICE_PLUGINS_DIR,
     DRA_DRIVER_ENV,
     HOST_TOOLS,
     K8S_VERSION,
@@ -121,8 +125,13 @@ class NativeRuntime:
 
     def __init__(self, feature_gates: dict[str, bool] | None = None,
                  reference_plugin: bool = True, dra_driver: bool | None = None,
-                 dra_options: Sequence[str] = ()) -> None:
+                 dra_options: Sequence[str] = (), plugin_options: Sequence[str] = (),
+                 emulate_topology: bool = True) -> None:
         self.feature_gates = dict(feature_gates or {})
+        # False (`sandbox up --kubelet-topology host`): the kubelet sees the host's machine
+        self.emulate_topology = emulate_topology
+        # more flags for the reference device plugin (e.g. --pre-start-required)
+        self.plugin_options: tuple[str, ...] = tuple(plugin_options)
         # more flags for the reference DRA driver (e.g. --compatibility-groups)
         self.dra_options = list(dra_options)
         # False: no hwplugins.deviceplugin on the node, so a third-party plugin under test
@@ -177,6 +186,10 @@ class NativeRuntime:
                 "check", f"the state dir {state_dir} is too deep for containerd's sockets "
                 f"({longest} has {len(longest)} characters, at most {MAX_SOCKET_PATH}): set "
                 "HWSANDBOX_STATE_DIR to a shorter directory")
+        problem = (kubeletns.policy_problem(node, node.cpu_manager_policy)
+                   if self.emulate_topology else None)
+        if problem:
+            raise RuntimeBackendError("check", problem)
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         root = kubelet_root()
         ip = host_ip()
@@ -191,7 +204,7 @@ class NativeRuntime:
             "nodes": {node.name: {
                 "root": str(state_dir / "node-root"),
                 "socket": str(state_dir / "node" / "control.sock"),
-                "kubelet_dir": str(root / "device-plugins"),
+                "kubelet_dir": str(DEVICE_PLUGINS_DIR),
             }},
             "version": K8S_VERSION,
             # the admin kubeconfig (pki step), as the kind runtime records its own: what
@@ -215,7 +228,8 @@ class NativeRuntime:
         if not root.exists():  # ours alone: down removes it whole
             root.mkdir(parents=True, mode=0o700)
             (root / CREATED_MARKER).write_text("made by `sandbox up --runtime native`\n")
-        up = Up(layout, node, ports, ip, root, self.feature_gates, progress, self.dra_options)
+        up = Up(layout, node, ports, ip, root, self.feature_gates, progress, self.dra_options,
+                self.plugin_options, self.emulate_topology)
         try:
             run_steps(up_steps(up, self.reference_plugin, self.dra_driver), progress)
         except BaseException:
@@ -273,11 +287,17 @@ class NativeRuntime:
         record = read_record(state_dir) or {}
         root = Path(record.get("kubelet_root", str(kubelet_root())))
         found = set()
-        for sub in ("device-plugins", "plugins_registry"):
+        for sub, where in (("device-plugins", DEVICE_PLUGINS_DIR),
+                           ("plugins_registry", root / "plugins_registry")):
             with contextlib.suppress(OSError):
-                found |= {f"{sub}/{p.name}" for p in (root / sub).iterdir()
+                found |= {f"{sub}/{p.name}" for p in where.iterdir()
                           if p.is_socket() and p.name != "kubelet.sock"}
         return frozenset(found)
+
+    def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
+        record = read_record(state_dir) or {}
+        root = Path(record.get("kubelet_root", str(kubelet_root())))
+        return root / "pod-resources" / "kubelet.sock"
 
     # -- status -------------------------------------------------------------------------
     def status(self, state_dir: Path) -> SandboxStatus:
@@ -288,7 +308,9 @@ class NativeRuntime:
         result = SandboxStatus(name=str(record.get("cluster", state_dir.name)),
                                runtime=self.name, profile=str(record.get("profile", "")))
         for name in record.get("nodes", []):
-            result.nodes.append(node_status(layout, name))
+            node = node_status(layout, name)
+            add_pod_resources(node, self.pod_resources_socket(state_dir, name))
+            result.nodes.append(node)
         return result
 
 

@@ -31,6 +31,9 @@ SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
+# Where the kubelet serves device plugins whatever its --root-dir: the device manager's
+# socket is pluginapi.KubeletSocket, a constant (HWSANDBOX_KUBELET_ROOT moves the rest).
+DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
 HOST_TOOLS = ("runc", "openssl", "ip", "unshare")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 # Values the kubelet sets itself unless protectKernelDefaults; down() puts them back.

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.profile.spec import NodeSpec
+from sandbox.runtimes.kubeletcfg import topology_config
 from sandbox.runtimes.native.common import BRIDGE, CNI_BIN_DIR, PAUSE_REF, POD_SUBNET, Layout
 
 
@@ -101,8 +102,17 @@ def cni_config(layout: Layout) -> dict[str, Any]:
     }
 
 
+# evictionHard memory.available; the memory manager's reservations must cover it
+EVICTION_MEMORY_MIB = 100
+
+
 def kubelet_config(layout: Layout, node: NodeSpec, ports: dict[str, int],
-                   feature_gates: dict[str, bool]) -> dict[str, Any]:
+                   feature_gates: dict[str, bool], emulate_topology: bool = True) -> dict[str, Any]:
+    """The kubelet's config; ``emulate_topology`` False (``sandbox up --kubelet-topology
+    host``): the kubelet sees the host's machine, and of the profile's manager settings only
+    the topology manager policy applies (the others name emulated CPUs and NUMA nodes)."""
+    managers = (topology_config(node, EVICTION_MEMORY_MIB) if emulate_topology
+                else {"topologyManagerPolicy": node.topology_manager_policy})
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -120,7 +130,9 @@ def kubelet_config(layout: Layout, node: NodeSpec, ports: dict[str, int],
             "x509": {"clientCAFile": str(layout.pki / "ca.crt")},
         },
         "authorization": {"mode": "Webhook"},
-        "topologyManagerPolicy": node.topology_manager_policy,
+        # the CPU, topology and memory managers as the profile says (on the emulated
+        # machine: the kubelet runs in kubeletns's namespace)
+        **managers,
         "featureGates": feature_gates,
         "failSwapOn": False,
         "makeIPTablesUtilChains": False,  # leave the host's iptables alone
@@ -130,7 +142,7 @@ def kubelet_config(layout: Layout, node: NodeSpec, ports: dict[str, int],
         "clusterDomain": "cluster.local",
         "serializeImagePulls": False,
         "evictionHard": {
-            "memory.available": "100Mi",
+            "memory.available": f"{EVICTION_MEMORY_MIB}Mi",
             "nodefs.available": "1%",
             "imagefs.available": "1%",
             "nodefs.inodesFree": "1%",

@@ -6,12 +6,12 @@ import socket
 from typing import Any
 
 from sandbox.runtimes.base import NodeStatus, ResourceStatus
-from sandbox.runtimes.native.common import ORDER, Layout, kubelet_root, running
+from sandbox.runtimes.native.common import DEVICE_PLUGINS_DIR, ORDER, Layout, running
 
 
 def kubelet_running() -> bool:
     """Is a kubelet of some native sandbox already using the kubelet root?"""
-    sock = kubelet_root() / "device-plugins" / "kubelet.sock"
+    sock = DEVICE_PLUGINS_DIR / "kubelet.sock"
     if not sock.exists():
         return False
     with socket.socket(socket.AF_UNIX) as s:

@@ -13,7 +13,13 @@ from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile import spec
 from sandbox.profile.spec import NodeSpec
 from sandbox.runtimes.base import Progress
-from sandbox.runtimes.native.common import Layout, kubelet_root, spawn, wait_for
+from sandbox.runtimes.native.common import (
+    DEVICE_PLUGINS_DIR,
+    Layout,
+    kubelet_root,
+    spawn,
+    wait_for,
+)
 
 # Run in containerd's own mount namespace (slave: the kubelet's volume mounts still reach
 # it): /dev becomes a read-only overlay of the host's /dev over the node's device dir, so
@@ -139,17 +145,18 @@ def write_device_plugin_cdi_specs(layout: Layout, node: NodeSpec) -> list[Path]:
     return written
 
 
-def start_node_plugins(layout: Layout, progress: Progress) -> None:
+def start_node_plugins(layout: Layout, progress: Progress, options: Sequence[str] = ()) -> None:
     """The reference device plugin on the fake root, against the real kubelet.
 
     Runs once the kubelet is healthy (the plugin registers with its kubelet.sock). It
     follows the node's control socket (``--watch``): a fault reaches ListAndWatch at once.
+    ``options``: more plugin flags (``sandbox up --pre-start-required``).
     """
     progress("reference device plugin")
     spawn(layout, "deviceplugin", [
         sys.executable, "-m", "hwplugins.deviceplugin", "--root",
-        str(layout.state / "node-root"), "--kubelet-dir", str(kubelet_root() / "device-plugins"),
-        "--watch", str(control_socket(layout)),
+        str(layout.state / "node-root"), "--kubelet-dir", str(DEVICE_PLUGINS_DIR),
+        "--watch", str(control_socket(layout)), *options,
     ])
 
 

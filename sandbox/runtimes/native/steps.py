@@ -21,7 +21,7 @@ import yaml
 from sandbox import supervisor
 from sandbox.errors import RuntimeBackendError
 from sandbox.profile.spec import NodeSpec
-from sandbox.runtimes import _images
+from sandbox.runtimes import _images, cpumap, kubeletns
 from sandbox.runtimes.base import Progress
 from sandbox.runtimes.native.cleanup import as_proc, remove_containers, shim_pids
 from sandbox.runtimes.native.common import (
@@ -56,11 +56,14 @@ class Up:
 
     def __init__(self, layout: Layout, node: NodeSpec, ports: dict[str, int],
                  host_ip: str, root: Path, feature_gates: dict[str, bool],
-                 progress: Progress, dra_options: Sequence[str] = ()) -> None:
+                 progress: Progress, dra_options: Sequence[str] = (),
+                 plugin_options: Sequence[str] = (), emulate_topology: bool = True) -> None:
         self.layout, self.node = layout, node
         self.ports, self.host_ip, self.root = ports, host_ip, root
         self.feature_gates, self.progress = feature_gates, progress
         self.dra_options = tuple(dra_options)
+        self.plugin_options = tuple(plugin_options)
+        self.emulate_topology = emulate_topology
         self.gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(feature_gates.items()))
         self.bin = bin_dir()
         self.server = f"https://127.0.0.1:{ports['apiserver']}"
@@ -176,8 +179,11 @@ class Up:
         if runc is None:
             raise RuntimeBackendError("containerd", "runc is not on PATH (run scripts/build-k8s)")
         cbin = containerd_bin_dir()
+        # runc behind the cpuset mapper: the kubelet's CPU and memory managers hand out
+        # the emulated machine's CPU and memory node ids (sandbox.runtimes.cpumap)
+        wrapper = cpumap.install(lay.state / "bin" / "runc-cpumap", runc)
         (self.layout.containerd / "config.toml").write_text(
-            containerd_config(self.layout, cbin / "containerd-shim-runc-v2", runc))
+            containerd_config(self.layout, cbin / "containerd-shim-runc-v2", str(wrapper)))
         (self.layout.cni / "net.d" / "10-hw-sandbox.conflist").write_text(
             json.dumps(cni_config(self.layout), indent=2) + "\n")
         spawn(self.layout, "containerd", [
@@ -218,12 +224,18 @@ class Up:
     def kubelet(self) -> None:
         """The kubelet, until healthy."""
         self.progress(f"kubelet (node {self.node.name}, root dir {self.root})")
-        cfg = kubelet_config(self.layout, self.node, self.ports, self.feature_gates)
+        cfg = kubelet_config(self.layout, self.node, self.ports, self.feature_gates,
+                             self.emulate_topology)
         (self.layout.kubelet / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         # the label the kind runtime gives each node too: bundled manifests select on it
         labels = ",".join(f"{k}={v}" for k, v in [("hwsandbox.dev/node", self.node.name),
                                                   *self.node.labels])
+        # a new policy or CPU set would make the kubelet refuse its old state files
+        for name in ("cpu_manager_state", "memory_manager_state"):
+            (self.root / name).unlink(missing_ok=True)
         spawn(self.layout, "kubelet", [
+            *(kubeletns.argv_prefix(self.layout.state / "node-root")
+              if self.emulate_topology else []),
             str(self.bin / "kubelet"), f"--config={self.layout.kubelet / 'config.yaml'}",
             f"--kubeconfig={self.layout.state / 'kubelet.kubeconfig'}",
             f"--hostname-override={self.node.name}", f"--node-ip={self.host_ip}",
@@ -234,7 +246,7 @@ class Up:
             f"http://127.0.0.1:{self.ports['kubelet-healthz']}/healthz"), 120)
 
     def device_plugin(self) -> None:
-        start_node_plugins(self.layout, self.progress)
+        start_node_plugins(self.layout, self.progress, self.plugin_options)
 
     def dra_driver(self) -> None:
         start_dra_driver(self.layout, self.node, self.progress, self.dra_options)
