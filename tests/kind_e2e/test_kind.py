@@ -220,6 +220,19 @@ def _numa_of_gpus(sb: KindSandbox) -> dict[str, int]:
     return found
 
 
+def _minors(sb: KindSandbox) -> dict[str, int]:
+    root = sb.state_dir / "nodes" / "gpu-worker" / "root"
+    found = {}
+    for info in (root / "proc/driver/nvidia/gpus").glob("*/information"):
+        text = info.read_text()
+        uuid = re.search(r"GPU UUID:\s*(\S+)", text)
+        minor = re.search(r"Device Minor:\s*(\d+)", text)
+        assert uuid, text
+        assert minor, text
+        found[uuid.group(1)] = int(minor.group(1))
+    return found
+
+
 def test_kubelet_sees_the_emulated_machine(gpu: KindSandbox) -> None:
     nodes = gpu.nodes()
     capacity = nodes["gpu-worker"]["status"]["capacity"]
@@ -244,11 +257,17 @@ def test_kubelet_sees_the_emulated_machine(gpu: KindSandbox) -> None:
 def test_topology_manager_places_gpus(gpu: KindSandbox) -> None:
     numa = _numa_of_gpus(gpu)
     gpu.kubectl("apply", "-f", "-", input_text=json.dumps(
-        _pod("four-gpus", "sleep 3600", {GPU: "4"})))
+        _pod("four-gpus", "ls /dev; sleep 3600", {GPU: "4"})))
     gpu.wait_for("four-gpus running", lambda: _phase(gpu, "four-gpus").startswith("Running"))
     _, given = _held(gpu, "four-gpus")
     assert len(given) == 4, given
     assert len({numa[u] for u in given}) == 1, given
+    # in the container: the /dev/nvidiaN of those four, no other
+    minors = _minors(gpu)
+    gpu.wait_for("the pod's listing", lambda: "nvidia" in gpu.kubectl("logs", "four-gpus"))
+    listing = gpu.kubectl("logs", "four-gpus").split()
+    assert sorted(n for n in listing if re.fullmatch(r"nvidia\d+", n)) == sorted(
+        f"nvidia{minors[u]}" for u in given)
     gpu.kubectl("delete", "pod", "four-gpus", "--wait=true")
     gpu.kubectl("apply", "-f", "-", input_text=json.dumps(
         _pod("five-gpus", "sleep 3600", {GPU: "5"})))
