@@ -147,6 +147,31 @@ def test_five_gpus_fail_admission_under_single_numa_node(native_cluster: NativeC
     assert rejected(native_cluster, "five-gpus", 5) == "Failed/TopologyAffinityError"
 
 
+def test_two_pods_never_share_a_gpu_and_a_ninth_stays_pending(
+        native_cluster: NativeCluster) -> None:
+    with running_pod(native_cluster, "first-four", "sleep 3600",
+                     resources={"limits": {GPU: "4"}}), \
+            running_pod(native_cluster, "second-four", "sleep 3600",
+                        resources={"limits": {GPU: "4"}}):
+        first = container_devices("first-four", GPU)
+        second = container_devices("second-four", GPU)
+        assert len(first) == len(second) == 4
+        assert not set(first) & set(second)
+        assert {gpu_numa(native_cluster)[u] for u in first} != {
+            gpu_numa(native_cluster)[u] for u in second}
+        # every GPU is held: one more stays Pending, unschedulable for want of GPUs
+        native_cluster.core.create_namespaced_pod("default", pod_manifest(
+            "ninth", "sleep 3600", resources={"limits": {GPU: "1"}}))
+        try:
+            wait_until("the scheduler's verdict", lambda: "Insufficient nvidia.com/gpu" in
+                       events(native_cluster, "ninth"), 60,
+                       describe=lambda: events(native_cluster, "ninth"))
+            assert phase(native_cluster, "ninth") == "Pending"
+        finally:
+            native_cluster.core.delete_namespaced_pod("ninth", "default",
+                                                      grace_period_seconds=0)
+
+
 # -- the static CPU manager ------------------------------------------------------------------
 
 def test_guaranteed_pod_gets_cpus_and_gpus_of_one_numa_node(
