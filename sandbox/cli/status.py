@@ -32,16 +32,16 @@ RUNTIME_NOTE = {
 EXPLAIN = """\
 With a real kubelet (runtimes native and kind), each node also shows what the kubelet
 decided, from its pod-resources API (<kubelet root>/pod-resources/kubelet.sock; root only):
-an allocations table (POD, CONTAINER, RESOURCE, DEVICES as the device plugin names them,
+an allocations table (POD, CONTAINER, RESOURCE, DEVICES by the profile's names where known,
 their NUMA nodes, the container's exclusive CPUS with the NUMA nodes the profile puts them
 on; MEMORY where the memory manager pinned some) and a line of exclusive CPUs per NUMA
 node: allocatable (all the CPU manager may hand out) and held. A container's CPUs are on
 its first row; one holding CPUs but no devices has a row of resource "cpu". Where the API
 cannot be asked, a "! pod-resources: ..." line says why. -o json gives per node
-"allocations" ([{namespace, pod, container, resource, devices, numa, cpus, memory}]) and
-"allocatable" ({devices: {resource: [{id, numa}]}, cpus, memory}; null: not asked), and
-fills devices[].allocated_to; svg/png mark held devices and CPUs. The exit code is 1 when
-a node is not Ready, whatever the pod-resources API says."""
+"allocations" ([{namespace, pod, container, resource, devices (the plugin's ids), numa,
+cpus, memory}]) and "allocatable" ({devices: {resource: [{id, numa}]}, cpus, memory};
+null: not asked), and fills devices[].allocated_to; svg/png mark held devices and CPUs.
+The exit code is 1 when a node is not Ready, whatever the pod-resources API says."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
