@@ -151,6 +151,20 @@ def _mounts_under(path: Path) -> list[str]:
     return sorted(found, key=len, reverse=True)
 
 
+def _serves_agent_log(api: Any, target: str) -> bool:
+    """Has the restarted kubelet of node ``target`` taken its pods back? Until it has
+    synced them from the API server again, it answers their logs with 404 (seen:
+    ``kubectl logs`` of the agent just after ``up``)."""
+    try:
+        pods = api.list_namespaced_pod(AGENT_NAMESPACE, field_selector=f"spec.nodeName={target}",
+                                       label_selector="app.kubernetes.io/name=hw-sandbox-agent")
+        for pod in pods.items:
+            api.read_namespaced_pod_log(pod.metadata.name, AGENT_NAMESPACE, tail_lines=1)
+    except Exception:  # noqa: BLE001 - any failure: not yet
+        return False
+    return True
+
+
 def exec_in_node(target: str, argv: list[str], step: str) -> str:
     """``docker exec TARGET ARGV``: its output, or RuntimeBackendError naming ``step``."""
     try:
@@ -493,7 +507,8 @@ class _KindUp:
                 advertises = not self.runtime.reference_plugin or not any(
                     ours(r) for r in capacity) or any(
                     ours(r) and int(v) > 0 for r, v in allocatable.items())
-                if ready and capacity.get("cpu") == str(want[replica]) and advertises:
+                if (ready and capacity.get("cpu") == str(want[replica]) and advertises
+                        and _serves_agent_log(api, targets[replica])):
                     self.progress(f"{replica}: kubelet sees cpu={capacity.get('cpu')}, "
                                   f"memory={capacity.get('memory')}")
                     del want[replica]

@@ -35,6 +35,7 @@ from conftest import (
 )
 
 from sandbox.profile.cpulist import parse_cpulist
+from sandbox.runtimes.native.common import DEVICE_PLUGINS_DIR
 from sandbox.supervisor import Proc
 
 GPU = "nvidia.com/gpu"
@@ -243,7 +244,9 @@ def test_status_shows_what_the_kubelet_decided(native_cluster: NativeCluster) ->
             == sorted(container.cpu_ids)
         one = native_cluster.sandbox_cli("status", "--pod", "default/shown")
         assert "shown" in one
-        assert all(u in one for u in container_devices("shown", GPU))
+        # the table names the GPUs as the profile does (gpu5), -o json as the plugin (UUIDs)
+        names = {d.uuid: d.id for d in native_cluster.node.devices}
+        assert all(re.search(rf"\b{names[u]}\b", one) for u in container_devices("shown", GPU))
         table = native_cluster.sandbox_cli("status")
         assert "shown" in table
 
@@ -337,6 +340,7 @@ def test_a_kubelet_root_elsewhere_still_serves_device_plugins(
     whatever the root: our plugin registers there and the GPUs are advertised."""
     root = Path("/var/lib/hwsb-e2e-kubelet")
     sandboxes.release()
+    had_default = DEVICE_PLUGINS_DIR.parent.exists()
     monkeypatch.setenv("HWSANDBOX_KUBELET_ROOT", str(root))
     try:
         cluster = sandboxes.get(variant(tmp_path_factory, "kubelet-root"))
@@ -345,3 +349,5 @@ def test_a_kubelet_root_elsewhere_still_serves_device_plugins(
     finally:
         sandboxes.release()
     assert not root.exists()
+    # the kubelet made /var/lib/kubelet/device-plugins for its socket: gone with the rest
+    assert DEVICE_PLUGINS_DIR.parent.exists() == had_default

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.profile import load_profile
 from tests.kind_e2e.conftest import KindSandbox, leftovers
 
 NAME = "hwsb-e2e-gpu"
@@ -299,7 +300,11 @@ def test_guaranteed_pod_pinned_and_kept_across_a_kubelet_restart(gpu: KindSandbo
     pinned = entry()
     assert pinned
     shown = gpu.sandbox("status", "--name", NAME, "--pod", "default/pinned").stdout
-    assert all(u in shown for u in gpus), shown
+    # the table names the GPUs as the profile does (gpuN; the plugin's ids are UUIDs)
+    spec = load_profile(gpu.profile).cluster.node("gpu-worker")
+    assert spec is not None
+    names = {d.uuid: d.id for d in spec.devices}
+    assert all(re.search(rf"\b{names[u]}\b", shown) for u in gpus), shown
     gpu.sandbox("fault", "--name", NAME, "restart-kubelet", "gpu-worker")
 
     def listed_again() -> bool:

@@ -215,7 +215,8 @@ class NativeRuntime:
             "host_ip": ip,
             "kubelet_root": str(root),
             # containerd (1.6 and 2.4) puts shim sockets in /run/containerd/s whatever its state dir
-            "created": [str(p) for p in (root, Path("/var/log/containers"), Path("/var/lib/cni"),
+            "created": [str(p) for p in (root, DEVICE_PLUGINS_DIR.parent,
+                                         Path("/var/log/containers"), Path("/var/lib/cni"),
                                          Path("/run/containerd")) if not p.exists()],
             "sysctls": {k: sysctl(k) for k in KUBELET_SYSCTLS},
             "netns": [],

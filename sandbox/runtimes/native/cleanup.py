@@ -124,7 +124,11 @@ def host_cleanup(layout: Layout, record: dict[str, Any], progress: Progress) -> 
     """Everything but processes: mounts, netns, the bridge, cgroups, sysctls, CNI results,
     log links, created directories. Returns what it could not remove."""
     from sandbox.agent import unmount
-    from sandbox.runtimes.native.common import kubelet_root
+    from sandbox.runtimes.native.common import (
+        DEVICE_CHECKPOINT,
+        DEVICE_PLUGINS_DIR,
+        kubelet_root,
+    )
     from sandbox.runtimes.native.hostpaths import unlink_host_paths
 
     state_dir = layout.state
@@ -156,6 +160,11 @@ def host_cleanup(layout: Layout, record: dict[str, Any], progress: Progress) -> 
             if link.is_symlink() and os.readlink(link).startswith(str(state_dir)):
                 link.unlink()
     unlink_host_paths(state_dir)  # /var/lib/hw-sandbox/* that `plugins deploy` linked here
+    # the device manager's checkpoint names this cluster's devices: no other kubelet's
+    # (and its socket, which it leaves behind; the next kubelet makes its own)
+    (DEVICE_PLUGINS_DIR / DEVICE_CHECKPOINT).unlink(missing_ok=True)
+    if (DEVICE_PLUGINS_DIR / "kubelet.sock").is_socket():
+        (DEVICE_PLUGINS_DIR / "kubelet.sock").unlink(missing_ok=True)
     for created in record.get("created", []):
         path = Path(created)
         if not path.is_dir() or path.is_symlink() or mounts_below(path):

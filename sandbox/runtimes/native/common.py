@@ -34,6 +34,7 @@ DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 # Where the kubelet serves device plugins whatever its --root-dir: the device manager's
 # socket is pluginapi.KubeletSocket, a constant (HWSANDBOX_KUBELET_ROOT moves the rest).
 DEVICE_PLUGINS_DIR = Path("/var/lib/kubelet/device-plugins")
+DEVICE_CHECKPOINT = "kubelet_internal_checkpoint"  # the device manager's, in that dir
 HOST_TOOLS = ("runc", "openssl", "ip", "unshare")
 CNI_PLUGINS = ("bridge", "host-local", "loopback")
 # Values the kubelet sets itself unless protectKernelDefaults; down() puts them back.

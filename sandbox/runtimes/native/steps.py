@@ -26,6 +26,8 @@ from sandbox.runtimes.base import Progress
 from sandbox.runtimes.native.cleanup import as_proc, remove_containers, shim_pids
 from sandbox.runtimes.native.common import (
     BUSYBOX_REF,
+    DEVICE_CHECKPOINT,
+    DEVICE_PLUGINS_DIR,
     PAUSE_REF,
     SERVICE_CIDR,
     Layout,
@@ -230,9 +232,12 @@ class Up:
         # the label the kind runtime gives each node too: bundled manifests select on it
         labels = ",".join(f"{k}={v}" for k, v in [("hwsandbox.dev/node", self.node.name),
                                                   *self.node.labels])
-        # a new policy or CPU set would make the kubelet refuse its old state files
-        for name in ("cpu_manager_state", "memory_manager_state"):
-            (self.root / name).unlink(missing_ok=True)
+        # a new policy or CPU set would make the kubelet refuse its old state files, and
+        # another cluster's device checkpoint would advertise its resources here (with no
+        # plugin, until the kubelet's grace period ends)
+        for path in (self.root / "cpu_manager_state", self.root / "memory_manager_state",
+                     DEVICE_PLUGINS_DIR / DEVICE_CHECKPOINT):
+            path.unlink(missing_ok=True)
         spawn(self.layout, "kubelet", [
             *(kubeletns.argv_prefix(self.layout.state / "node-root")
               if self.emulate_topology else []),
