@@ -16,6 +16,7 @@ our NVML (sandbox/nvml, docs/nvml.md).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -36,6 +37,19 @@ _HINT = (
     "(apt-get install gcc libc6-dev) and the Go module proxy; `scripts/build-plugins {n}` "
     "builds it once into ${{HWSANDBOX_CACHE:-~/.cache/hw-sandbox}}/plugins/"
 )
+
+
+def tree_gpu_minors(root: Path) -> dict[str, int]:
+    """GPU UUID -> device minor, from a node tree's proc/driver/nvidia/gpus/*/information."""
+    minors = {}
+    for info in (root / "proc/driver/nvidia/gpus").glob("*/information"):
+        text = info.read_text()
+        uuid = re.search(r"GPU UUID:\s*(\S+)", text)
+        minor = re.search(r"Device Minor:\s*(\d+)", text)
+        assert uuid, text
+        assert minor, text
+        minors[uuid.group(1)] = int(minor.group(1))
+    return minors
 
 
 def nvml_library() -> Path:

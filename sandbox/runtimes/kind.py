@@ -48,6 +48,7 @@ from sandbox.runtimes.base import (
     SandboxStatus,
     add_pod_resources,
     device_statuses,
+    is_ready,
     read_record,
     remove_state_dir,
     write_record,
@@ -300,8 +301,7 @@ class KindRuntime:
         for item in sorted(items, key=lambda i: i.metadata.name):
             labels = item.metadata.labels or {}
             replica = labels.get(NODE_LABEL)
-            node = NodeStatus(replica or item.metadata.name, ready=any(
-                c.type == "Ready" and c.status == "True" for c in item.status.conditions or []))
+            node = NodeStatus(replica or item.metadata.name, ready=is_ready(item))
             cap, alloc = item.status.capacity or {}, item.status.allocatable or {}
             for res, value in sorted(cap.items()):
                 if ours(res):
@@ -502,12 +502,10 @@ class _KindUp:
                     continue
                 capacity = item.status.capacity or {}
                 allocatable = item.status.allocatable or {}
-                ready = any(c.type == "Ready" and c.status == "True"
-                            for c in item.status.conditions or [])
                 advertises = not self.runtime.reference_plugin or not any(
                     ours(r) for r in capacity) or any(
                     ours(r) and int(v) > 0 for r, v in allocatable.items())
-                if (ready and capacity.get("cpu") == str(want[replica]) and advertises
+                if (is_ready(item) and capacity.get("cpu") == str(want[replica]) and advertises
                         and _serves_agent_log(api, targets[replica])):
                     self.progress(f"{replica}: kubelet sees cpu={capacity.get('cpu')}, "
                                   f"memory={capacity.get('memory')}")

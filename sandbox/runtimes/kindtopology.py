@@ -95,6 +95,7 @@ def systemd_drop_in() -> str:
 RECONFIGURE = (
     f"install -D -m 0644 {STATE_IN_NODE}/{DROP_IN} "
     f"/etc/systemd/system/kubelet.service.d/{DROP_IN} && "
-    "rm -f /var/lib/kubelet/cpu_manager_state /var/lib/kubelet/memory_manager_state && "
+    "rm -f " + " ".join(f"/var/lib/kubelet/{name}" for name in kubeletns.MANAGER_STATE)
+    + " && "
     "systemctl daemon-reload && systemctl restart kubelet"
 )

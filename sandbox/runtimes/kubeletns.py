@@ -31,8 +31,12 @@ HOST_ONLINE = Path("/sys/devices/system/cpu/online")
 
 # What cadvisor reads, relative to the tree's root and to /.
 BOUND = ("sys/devices/system/cpu", "sys/devices/system/node", "proc/cpuinfo", "proc/meminfo")
+# The kubelet's CPU and memory managers' state files in its root dir: a kubelet whose
+# policy or CPU set changed refuses to start on them, so they go before its first start on
+# an emulated machine (never at a restart: they hold every pod's CPUs and memory).
+MANAGER_STATE = ("cpu_manager_state", "memory_manager_state")
 
-SCRIPT = """set -eu
+SCRIPT = f"""set -eu
 root=$1
 shift
 for p in sys/devices/system/cpu/online sys/devices/system/node/online proc/cpuinfo proc/meminfo
@@ -44,7 +48,7 @@ do
 done
 mount --make-rslave /sys
 mount --make-rslave /proc
-for p in sys/devices/system/cpu sys/devices/system/node proc/cpuinfo proc/meminfo; do
+for p in {" ".join(BOUND)}; do
     mount --bind "$root/$p" "/$p"
     mount -o remount,bind,ro "/$p"
 done

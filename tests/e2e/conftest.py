@@ -272,15 +272,9 @@ NVIDIA_GPU = "nvidia.com/gpu"
 
 def nvidia_minors(cluster: NativeCluster) -> dict[str, int]:
     """GPU UUID -> device minor, from the node's /proc/driver/nvidia/gpus/*/information."""
-    minors = {}
-    for info in (cluster.state_dir / "node-root/proc/driver/nvidia/gpus").glob("*/information"):
-        text = info.read_text()
-        uuid = re.search(r"GPU UUID:\s*(\S+)", text)
-        minor = re.search(r"Device Minor:\s*(\d+)", text)
-        assert uuid, text
-        assert minor, text
-        minors[uuid.group(1)] = int(minor.group(1))
-    return minors
+    from tests.nvidia import tree_gpu_minors
+
+    return tree_gpu_minors(cluster.state_dir / "node-root")
 
 
 def check_two_gpu_pod(cluster: NativeCluster, pod: str) -> None:

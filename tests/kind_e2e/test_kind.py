@@ -14,6 +14,7 @@ import pytest
 
 from sandbox.profile import load_profile
 from tests.kind_e2e.conftest import KindSandbox, leftovers
+from tests.nvidia import tree_gpu_minors
 
 NAME = "hwsb-e2e-gpu"
 GPU = "nvidia.com/gpu"
@@ -25,13 +26,7 @@ def gpu(sandbox_factory: Callable[..., KindSandbox]) -> Iterator[KindSandbox]:
 
 
 def _uuids(sb: KindSandbox) -> set[str]:
-    root = sb.state_dir / "nodes" / "gpu-worker" / "root" / "proc" / "driver" / "nvidia" / "gpus"
-    found = set()
-    for info in root.glob("*/information"):
-        m = re.search(r"GPU UUID:\s*(\S+)", info.read_text())
-        assert m, info
-        found.add(m.group(1))
-    return found
+    return set(_minors(sb))
 
 
 def test_node_ready_with_eight_gpus(gpu: KindSandbox) -> None:
@@ -222,16 +217,8 @@ def _numa_of_gpus(sb: KindSandbox) -> dict[str, int]:
 
 
 def _minors(sb: KindSandbox) -> dict[str, int]:
-    root = sb.state_dir / "nodes" / "gpu-worker" / "root"
-    found = {}
-    for info in (root / "proc/driver/nvidia/gpus").glob("*/information"):
-        text = info.read_text()
-        uuid = re.search(r"GPU UUID:\s*(\S+)", text)
-        minor = re.search(r"Device Minor:\s*(\d+)", text)
-        assert uuid, text
-        assert minor, text
-        found[uuid.group(1)] = int(minor.group(1))
-    return found
+    """GPU UUID -> device minor, from the gpu-worker's tree as the host sees it."""
+    return tree_gpu_minors(sb.state_dir / "nodes" / "gpu-worker" / "root")
 
 
 def test_kubelet_sees_the_emulated_machine(gpu: KindSandbox) -> None:

@@ -118,6 +118,12 @@ FAILED_LOGS_MARKER = ".hw-sandbox-failed-logs"
 MAX_SOCKET_PATH = 104
 
 
+def _recorded_kubelet_root(state_dir: Path) -> Path:
+    """The kubelet root dir the sandbox in ``state_dir`` was brought up with."""
+    record = read_record(state_dir) or {}
+    return Path(record.get("kubelet_root", str(kubelet_root())))
+
+
 class NativeRuntime:
     """Real etcd, kube-apiserver, controller-manager, scheduler, containerd and kubelet."""
 
@@ -285,8 +291,7 @@ class NativeRuntime:
         """The sockets plugins have (re)made for the kubelet: on start the kubelet deletes
         every socket in device-plugins/ but its own, and a plugin that registers again
         makes its socket again; DRA drivers register through plugins_registry/."""
-        record = read_record(state_dir) or {}
-        root = Path(record.get("kubelet_root", str(kubelet_root())))
+        root = _recorded_kubelet_root(state_dir)
         found = set()
         for sub, where in (("device-plugins", DEVICE_PLUGINS_DIR),
                            ("plugins_registry", root / "plugins_registry")):
@@ -296,9 +301,7 @@ class NativeRuntime:
         return frozenset(found)
 
     def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
-        record = read_record(state_dir) or {}
-        root = Path(record.get("kubelet_root", str(kubelet_root())))
-        return root / "pod-resources" / "kubelet.sock"
+        return _recorded_kubelet_root(state_dir) / "pod-resources" / "kubelet.sock"
 
     # -- status -------------------------------------------------------------------------
     def status(self, state_dir: Path) -> SandboxStatus:

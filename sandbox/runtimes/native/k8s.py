@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from sandbox.runtimes.base import NodeStatus, ResourceStatus
+from sandbox.runtimes.base import NodeStatus, ResourceStatus, is_ready
 from sandbox.runtimes.native.common import DEVICE_PLUGINS_DIR, ORDER, Layout, running
 
 
@@ -39,7 +39,7 @@ def node_ready(layout: Layout, name: str) -> bool:
         return False
     finally:
         api.api_client.close()
-    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    return is_ready(node)
 
 
 def node_status(layout: Layout, name: str) -> NodeStatus:
@@ -60,8 +60,7 @@ def node_status(layout: Layout, name: str) -> NodeStatus:
         return status
     finally:
         api.api_client.close()
-    conditions = node.status.conditions or []
-    status.ready = any(c.type == "Ready" and c.status == "True" for c in conditions)
+    status.ready = is_ready(node)
     capacity = node.status.capacity or {}
     allocatable = node.status.allocatable or {}
     for resource in sorted(capacity):

@@ -235,7 +235,7 @@ class Up:
         # a new policy or CPU set would make the kubelet refuse its old state files, and
         # another cluster's device checkpoint would advertise its resources here (with no
         # plugin, until the kubelet's grace period ends)
-        for path in (self.root / "cpu_manager_state", self.root / "memory_manager_state",
+        for path in (*(self.root / name for name in kubeletns.MANAGER_STATE),
                      DEVICE_PLUGINS_DIR / DEVICE_CHECKPOINT):
             path.unlink(missing_ok=True)
         spawn(self.layout, "kubelet", [
