@@ -22,7 +22,7 @@ from google.protobuf import descriptor_pb2
 REPO = Path(__file__).resolve().parent.parent
 API_DIR = REPO / "plugins" / "hwplugins" / "api"
 KUBELET_MODULE = "k8s.io/kubelet"
-KUBELET_VERSION = "v0.35.10"  # newest v0.35 release; has dra/v1 and dra-health/v1alpha1
+KUBELET_VERSION = "v0.37.2"  # the kubelet we build; has dra/v1 and dra-health/v1 and v1alpha1
 
 # upstream path inside the module -> our generated module
 UPSTREAM = {
@@ -30,6 +30,7 @@ UPSTREAM = {
     "pkg/apis/pluginregistration/v1/api.proto": "pluginregistration_v1",
     "pkg/apis/dra/v1/api.proto": "dra_v1",
     "pkg/apis/dra/v1beta1/api.proto": "dra_v1beta1",
+    "pkg/apis/dra-health/v1/api.proto": "drahealth_v1",
     "pkg/apis/dra-health/v1alpha1/api.proto": "drahealth_v1alpha1",
     "pkg/apis/podresources/v1/api.proto": "podresources_v1",
 }

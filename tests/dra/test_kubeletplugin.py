@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+from hwplugins.api import drahealth_v1_pb2, drahealth_v1_pb2_grpc
 from hwplugins.api import drahealth_v1alpha1_pb2 as health_pb
 from hwplugins.api import drahealth_v1alpha1_pb2_grpc as health_grpc
 from kubernetes import client
@@ -233,27 +234,41 @@ def test_unplug_updates_the_slice_and_unprepare_still_works(setup: Setup) -> Non
     assert "not on this node" in error
 
 
-def test_health_stream_reports_faults(setup: Setup) -> None:
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_health_stream_reports_faults(setup: Setup, version: str) -> None:
+    """Both versions the kubelet may pick: a fault's reason and evidence in ``message``
+    (the GPU's and its partitions'), HEALTHY with no message once healed, the declared
+    timeout on every report."""
+    pb, grpc_mod = ((drahealth_v1_pb2, drahealth_v1_pb2_grpc) if version == "v1"
+                    else (health_pb, health_grpc))
     setup.watcher.wait_registered(DRIVER, 15)
     gpus = _gpus(setup.live)
     gpu = "gpu-" + gpus["gpu3"].replace(":", "-").replace(".", "-")
     endpoint = setup.dirs / "plugins" / DRIVER / "dra.sock"
     with grpc.insecure_channel(f"unix://{endpoint}") as channel:
-        stream = _health_stub(channel).NodeWatchResources(
-            health_pb.NodeWatchResourcesRequest(), timeout=30)
+        stream = grpc_mod.DRAResourceHealthStub(channel).NodeWatchResources(
+            pb.NodeWatchResourcesRequest(), timeout=30)
         first = next(stream)
-        health = {d.device.device_name: d.health for d in first.devices}
-        assert health[gpu] == health_pb.HEALTHY
+        health = {d.device.device_name: (d.health, d.message) for d in first.devices}
+        assert health[gpu] == (pb.HEALTHY, "")
         assert {d.device.pool_name for d in first.devices} == {NODE}
+        assert {d.health_check_timeout_seconds for d in first.devices} == {30}
         with setup.live.client() as control:
             control.health("gpu3", "unhealthy", "aer-fatal")
             for update in stream:
-                health = {d.device.device_name: d.health for d in update.devices}
-                if health[gpu] == health_pb.UNHEALTHY:
+                health = {d.device.device_name: (d.health, d.message) for d in update.devices}
+                if health[gpu][0] == pb.UNHEALTHY:
                     break
-            # its partitions are as unhealthy as the GPU
-            assert health[f"{gpu}-1g-10gb-0"] == health_pb.UNHEALTHY
+            # its partitions are as unhealthy as the GPU, with the GPU's message
+            state, message = health[gpu]
+            assert message.startswith("aer-fatal: "), message
+            assert health[f"{gpu}-1g-10gb-0"] == (pb.UNHEALTHY, message)
             control.health("gpu3", "healthy")
+            for update in stream:
+                health = {d.device.device_name: (d.health, d.message) for d in update.devices}
+                if health[gpu][0] == pb.HEALTHY:
+                    break
+            assert health[gpu] == health[f"{gpu}-1g-10gb-0"] == (pb.HEALTHY, "")
         stream.cancel()
     taints = setup.wait("taint cleared", lambda: [
         d for s in setup.slices() for d in s["spec"].get("devices", [])

@@ -87,14 +87,18 @@ class ContainerResources(_message.Message):
     def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[_Union[ContainerDevices, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ..., dynamic_resources: _Optional[_Iterable[_Union[DynamicResource, _Mapping]]] = ...) -> None: ...
 
 class PodResources(_message.Message):
-    __slots__ = ("name", "namespace", "containers")
+    __slots__ = ("name", "namespace", "containers", "cpu_ids", "memory")
     NAME_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    CPU_IDS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     name: str
     namespace: str
     containers: _containers.RepeatedCompositeFieldContainer[ContainerResources]
-    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., containers: _Optional[_Iterable[_Union[ContainerResources, _Mapping]]] = ...) -> None: ...
+    cpu_ids: _containers.RepeatedScalarFieldContainer[int]
+    memory: _containers.RepeatedCompositeFieldContainer[ContainerMemory]
+    def __init__(self, name: _Optional[str] = ..., namespace: _Optional[str] = ..., containers: _Optional[_Iterable[_Union[ContainerResources, _Mapping]]] = ..., cpu_ids: _Optional[_Iterable[int]] = ..., memory: _Optional[_Iterable[_Union[ContainerMemory, _Mapping]]] = ...) -> None: ...
 
 class ListPodResourcesRequest(_message.Message):
     __slots__ = ()

@@ -3,12 +3,18 @@
 Two servers, started in the kubelet's order of expectations (serve first, then register):
 
 - ``<plugins dir>/<driver>/dra.sock`` serves DRAPlugin v1 and v1beta1 (NodePrepareResources,
-  NodeUnprepareResources) and DRAResourceHealth v1alpha1 (NodeWatchResources);
+  NodeUnprepareResources) and DRAResourceHealth v1 and v1alpha1 (NodeWatchResources);
 - ``<registry dir>/<driver>-reg.sock`` serves pluginregistration's Registration. GetInfo
   answers type DRAPlugin, the driver name, the dra.sock path and the services in the order
   the kubelet should pick them: ``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` (the kubelet takes
-  the first it supports), plus ``v1alpha1.DRAResourceHealth`` (optional; the 1.37 kubelet
-  opens a health stream when it sees it).
+  the first it supports), plus ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth``
+  (optional; the kubelet opens one health stream on the newest it knows: 1.37 v1).
+
+The health stream sends every device of the pool with its health and, for an unhealthy
+one, a message naming the fault (``reason: evidence``), which the kubelet shows in pod
+status next to each allocated device. A report is sent at once on a change and repeated
+every ``HEALTH_RESEND`` seconds; each declares ``HEALTH_TIMEOUT``: a driver that stops
+reporting leaves its devices ``Unknown`` that long after its last report (docs/health.md).
 
 A registration socket that disappears (someone cleaned the directory) is served again.
 """
@@ -31,6 +37,8 @@ from hwplugins.api import (
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
+    drahealth_v1_pb2,
+    drahealth_v1_pb2_grpc,
     drahealth_v1alpha1_pb2,
     drahealth_v1alpha1_pb2_grpc,
     pluginregistration_v1_pb2,
@@ -40,10 +48,12 @@ from hwplugins.dra.state import PreparedClaim
 
 log = logging.getLogger("hwplugins.dra")
 
-SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth")
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+            "v1alpha1.DRAResourceHealth")
 MAX_SOCKET_PATH = 105  # grpcio refuses longer unix socket paths
 HEALTH_RESEND = 10.0  # seconds: a health report is repeated this often even without change
-HEALTH_TIMEOUT = 60  # seconds the kubelet may trust one report
+HEALTH_TIMEOUT = 30  # seconds the kubelet may trust one report: 3 resends missed
+MAX_MESSAGE = 1024  # characters the kubelet keeps of a message
 
 _Add = Callable[[object, grpc.Server], None]
 _add_registration: _Add = pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server
@@ -51,7 +61,10 @@ _add_dra: dict[str, _Add] = {
     "v1": dra_v1_pb2_grpc.add_DRAPluginServicer_to_server,
     "v1beta1": dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server,
 }
-_add_health: _Add = drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server
+_add_health: dict[str, _Add] = {
+    "v1": drahealth_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server,
+    "v1alpha1": drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server,
+}
 
 
 class ServeError(Exception):
@@ -69,7 +82,7 @@ class Backend(Protocol):
 
     def wait_health(
         self, seen: int, timeout: float
-    ) -> tuple[int, str, list[tuple[str, bool]]]: ...
+    ) -> tuple[int, str, list[tuple[str, bool, str]]]: ...
 
 
 class _DRAPlugin:
@@ -108,14 +121,15 @@ class _DRAPlugin:
 
 
 class _Health:
-    def __init__(self, backend: Backend, stopped: Callable[[], bool]) -> None:
+    def __init__(self, backend: Backend, stopped: Callable[[], bool], pb: ModuleType) -> None:
         self.backend = backend
         self.stopped = stopped
+        self.pb = pb
 
     def NodeWatchResources(  # noqa: N802
         self, request: Any, context: grpc.ServicerContext
     ) -> Iterator[Any]:
-        pb = drahealth_v1alpha1_pb2
+        pb = self.pb
         seen = -1
         last_sent = 0.0
         while context.is_active() and not self.stopped():
@@ -130,8 +144,9 @@ class _Health:
                     health=pb.HEALTHY if healthy else pb.UNHEALTHY,
                     last_updated_time=int(now),
                     health_check_timeout_seconds=HEALTH_TIMEOUT,
+                    message=message[:MAX_MESSAGE],
                 )
-                for name, healthy in devices
+                for name, healthy, message in devices
             ])  # fmt: skip
 
 
@@ -190,7 +205,9 @@ class KubeletPlugin:
         self._dra = _serve(self.endpoint, [
             (_add_dra["v1"], _DRAPlugin(self.backend, dra_v1_pb2)),
             (_add_dra["v1beta1"], _DRAPlugin(self.backend, dra_v1beta1_pb2)),
-            (_add_health, _Health(self.backend, lambda: self._stopped)),
+            (_add_health["v1"], _Health(self.backend, lambda: self._stopped, drahealth_v1_pb2)),
+            (_add_health["v1alpha1"],
+             _Health(self.backend, lambda: self._stopped, drahealth_v1alpha1_pb2)),
         ])  # fmt: skip
         self._register()
         log.info("serving %s; registration %s", self.endpoint, self.registration_socket)
