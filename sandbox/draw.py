@@ -43,11 +43,13 @@ PAD = 16
 
 @dataclass(frozen=True)
 class DeviceView:
-    """How one device should look: its health and who holds it."""
+    """How one device should look: its health, who holds it and which pods' status
+    (the kubelet's allocatedResourcesStatus) reports it Unhealthy."""
 
     health: str = "healthy"  # healthy | unhealthy | unplugged
     reason: str | None = None
     allocated_to: str | None = None
+    pod_unhealthy: str = ""  # the pods that see it Unhealthy ("default/train, ..."), if any
 
 
 def _text(x: float, y: float, s: str, size_px: int = 12, weight: str = "normal",
@@ -130,9 +132,11 @@ def _numa_box(node: NodeSpec, numa_id: int, x: float, y: float, height: float,
         bx = spine_x + 18
         bw = NUMA_W - (bx - x) - PAD
         dash = ' stroke-dasharray="5,4"' if view.health == "unplugged" else ""
+        pods = (f' data-pod-unhealthy="{_attr(view.pod_unhealthy)}"'
+                if view.pod_unhealthy else "")
         out.append(
             f'<g class="device" data-device="{escape(d.id)}" data-kind="{d.kind}" '
-            f'data-numa="{numa_id}" data-health="{view.health}">'
+            f'data-numa="{numa_id}" data-health="{view.health}"{pods}>'
         )
         out.append(_rect(bx, top, bw, ROW_H - 10, fill, stroke, 5, dash))
         out.append(_text(bx + 10, top + 17, f"{d.id}", 13, "bold", stroke))
@@ -146,6 +150,13 @@ def _numa_box(node: NodeSpec, numa_id: int, x: float, y: float, height: float,
             badge = f"in use by {view.allocated_to}"
         if badge:
             out.append(_text(bx + bw - 8, top + 33, badge, 10, "bold", stroke, "end"))
+        if view.pod_unhealthy:  # a red "!" disc and whose status says so, top right
+            red = COLORS["unhealthy"][1]
+            out.append(f'<circle class="pod-unhealthy" cx="{bx + bw - 2:.0f}" '
+                       f'cy="{top + 2:.0f}" r="7" fill="{red}"><title>'
+                       f'{escape(f"Unhealthy in the status of {view.pod_unhealthy}")}'
+                       '</title></circle>')
+            out.append(_text(bx + bw - 2, top + 6, "!", 11, "bold", "#ffffff", "middle"))
         out.append("</g>")
         dy += ROW_H
     out.append("</g>")
@@ -219,6 +230,14 @@ def topology_svg(nodes: Sequence[NodeSpec],
         parts.append(_rect(lx + 410, legend_y, 14, 14, HELD, "none", 3))
         parts.append(_text(lx + 430, legend_y + 12, "CPU held by a pod", 11, fill="#455a64"))
         width = max(width, lx + 430 + 130)
+    if any(v.pod_unhealthy for node_views in views.values() for v in node_views.values()):
+        ly = legend_y + 24  # a second legend line: the mark is rare, keep the first as is
+        red = COLORS["unhealthy"][1]
+        parts.append(f'<circle cx="{PAD + 7}" cy="{ly + 7}" r="7" fill="{red}"/>')
+        parts.append(_text(PAD + 7, ly + 11, "!", 11, "bold", "#ffffff", "middle"))
+        parts.append(_text(PAD + 20, ly + 12, "Unhealthy in the status of a pod holding it "
+                           "(allocatedResourcesStatus)", 11, fill="#455a64"))
+        legend_y = ly
     height = legend_y + 30
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '

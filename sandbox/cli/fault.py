@@ -11,13 +11,36 @@ from typing import Any
 
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlClient
-from sandbox.fakehw.scenario import Action, count_changes, load_scenario, run_scenario
+from sandbox.fakehw.scenario import (
+    Action,
+    PodHealth,
+    Scenario,
+    count_changes,
+    load_scenario,
+    run_scenario,
+)
 from sandbox.fakehw.tree import Reason
 from sandbox.runtimes.base import Runtime
 from sandbox.session import find_session
 from sandbox.textui import table
 
 REASONS = [r.value for r in Reason]
+RUN_EPILOG = """\
+An expectation is either the state of devices, as `sandbox fault list` shows it:
+    - {at: 9, expect: {gpu0: {plugged: true}, gpu1: {health: unhealthy}}}
+or what a pod's status says of a device it was given (a 1.37 kubelet writes the health
+of each allocated device into status.containerStatuses[].allocatedResourcesStatus):
+    - {at: 12, expect: {pod: default/train, device: gpu3, health: Unhealthy}}
+pod: NAMESPACE/NAME or NAME (namespace default); device: the profile's id (gpu3, nic0)
+or the kubelet's resource id itself; health: Healthy, Unhealthy or Unknown; optional
+container. It holds when the pod's status lists the device and every entry of it has
+that health; it prints e.g.
+    steps[2] at 12s: pod default/train gpu3 health Unhealthy: ok
+    steps[2] at 12s: pod default/train gpu3 health Unhealthy: FAILED, got Healthy
+    steps[2] at 12s: pod default/train gpu3 health Unhealthy: FAILED, no allocated
+        device gpu3 in its status
+Pod expectations ask the sandbox's API server (runtime native or kind; --name or the
+only sandbox), so they cannot be used with --socket."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,7 +81,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ls.add_argument("-o", "--output", choices=("table", "json"), default="table")
     w = verbs.add_parser("watch", help="print change events of a node as JSON lines")
     w.add_argument("node")
-    r = verbs.add_parser("run", help="run a fault scenario (timeline, storms, expectations)")
+    r = verbs.add_parser(
+        "run", help="run a fault scenario (timeline, storms, expectations)",
+        description="Run a fault scenario file (see sandbox.fakehw.scenario): changes at "
+        "their times, then its expectations, one line each, exit 1 if one is not met.",
+        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     r.add_argument("scenario", type=Path)
     r.add_argument("--node", help="node to run it on (default: the first)")
     r.add_argument("--speed", type=float, default=1.0, help="time multiplier (2 = twice as fast)")
@@ -96,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
     if action == "list":
         return _list(args)
     node = getattr(args, "node", None)
+    scenario, pod_health = None, None
+    if action == "run":  # every problem with the file or the sandbox before anything runs
+        scenario = load_scenario(args.scenario)
+        pod_health = _pod_health(args, scenario)
     with _client(args, node) as client:
         if action == "health":
             reason = args.reason or ("aer-fatal" if args.health == "unhealthy" else None)
@@ -111,11 +142,12 @@ def run(args: argparse.Namespace) -> int:
                 print(json.dumps(event), flush=True)
             return 0
         elif action == "run":
-            scenario = load_scenario(args.scenario)
+            assert scenario is not None
             progress = _Progress(count_changes(scenario.steps), args.progress, args.speed)
             result = run_scenario(scenario, client, speed=args.speed,
                                   on_action=progress.applied, on_wait=progress.waiting,
-                                  wait_slice=min(1.0, args.progress) if args.progress > 0 else 1.0)
+                                  wait_slice=min(1.0, args.progress) if args.progress > 0 else 1.0,
+                                  pod_health=pod_health)
             for check in result.checks:
                 print(check)
             print(f"{len(result.applied)} change(s) applied, "
@@ -131,6 +163,36 @@ def run(args: argparse.Namespace) -> int:
         desc += f" ({state['reason']})"
     print(f"{node}/{args.device}: {desc} [{what}]")
     return 0
+
+
+def _pod_health(args: argparse.Namespace, scenario: Scenario) -> PodHealth | None:
+    """What answers the scenario's pod expectations (None: it has none): the sandbox's
+    API server, its pods' devices matched to the profile's ids. SandboxError, before
+    anything runs, where there is no API server to ask."""
+    pods = [st for st in scenario.steps if st.pod_expect is not None]
+    if not pods:
+        return None
+    first = f"{scenario.source}:{pods[0].where}" if pods[0].where else scenario.source
+    if args.socket is not None:
+        raise SandboxError(f"{first}: {pods[0].pod_expect}: a pod expectation asks the "
+                           "sandbox's Kubernetes API server; --socket has none (use --name)")
+    session = find_session(args.name)
+    kubeconfig = session.record.get("kubeconfig")
+    if not kubeconfig:
+        raise SandboxError(f"{first}: {pods[0].pod_expect}: sandbox {session.name!r} runs "
+                           f"the {session.runtime} runtime, which has no API server and no "
+                           "pods; use --runtime native or kind")
+    from sandbox.podhealth import PodHealthLookup
+    from sandbox.profile import load_profile
+
+    cluster = None
+    try:
+        cluster = load_profile(str(session.record.get("profile"))).cluster
+    except (SandboxError, OSError) as exc:
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        print(f"note: profile: {first_line}; pod expectations match resource ids only",
+              file=sys.stderr)
+    return PodHealthLookup(str(kubeconfig), cluster)
 
 
 class _Progress:

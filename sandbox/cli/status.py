@@ -10,14 +10,16 @@ import sys
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from sandbox.draw import DeviceView, svg_to_png, topology_svg
 from sandbox.errors import SandboxError
 from sandbox.outfile import check_target, write_file
+from sandbox.podhealth import PodDeviceHealth, device_names, read_sandbox_pod_health
 from sandbox.podresources import natural
 from sandbox.profile import load_profile
 from sandbox.profile.cpulist import format_cpulist
-from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
+from sandbox.profile.spec import Cluster, NodeSpec
 from sandbox.runtimes import runtime_for
 from sandbox.runtimes.base import NodeStatus, Runtime, SandboxStatus
 from sandbox.session import find_session
@@ -41,7 +43,20 @@ cannot be asked, a "! pod-resources: ..." line says why. -o json gives per node
 "allocations" ([{namespace, pod, container, resource, devices (the plugin's ids), numa,
 cpus, memory}]) and "allocatable" ({devices: {resource: [{id, numa}]}, cpus, memory};
 null: not asked), and fills devices[].allocated_to; svg/png mark held devices and CPUs.
-The exit code is 1 when a node is not Ready, whatever the pod-resources API says."""
+
+They also show whether a fault reached the pods: a 1.37 kubelet writes the health of
+each device it gave a container into the pod's status (allocatedResourcesStatus), read
+from the sandbox's API server. Under each node, "pods with unhealthy devices:" lists the
+entries that are not Healthy (POD, CONTAINER, RESOURCE: the extended resource or DRA
+"claim:<claim>[/<request>]", DEVICE: the profile's id where known, else the kubelet's
+resource id, HEALTH: Unhealthy or Unknown, MESSAGE: the DRA driver's); one line when all
+are Healthy, nothing when no pod reports any. -o json gives per node "pod_health":
+[{namespace, pod, node, container, resource, resource_id, health, message, device (the
+profile's id, "" when unknown)}], every entry, Healthy ones too (null: not asked, e.g.
+runtime local, or the API server did not answer, which a "! pod health: ..." note says).
+svg/png put a red "!" on a device some pod's status reports Unhealthy.
+The exit code is 1 when a node is not Ready, whatever the pod-resources API or the pods'
+status say."""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,9 +94,11 @@ def check_picture_file(args: argparse.Namespace) -> None:
         check_target(args.file, args.force)
 
 
-def text(status: SandboxStatus, cluster: Cluster | None = None, pod: str | None = None) -> str:
+def text(status: SandboxStatus, cluster: Cluster | None = None, pod: str | None = None,
+         health: Mapping[str, Sequence[PodDeviceHealth]] | None = None) -> str:
     """The table output. ``cluster`` (the profile, where it loads) maps the kubelet's CPU
-    ids to NUMA nodes; ``pod``: only that pod's allocations are in ``status`` (--pod)."""
+    ids to NUMA nodes; ``pod``: only that pod's allocations are in ``status`` (--pod);
+    ``health``: node name -> its pods' device health (a node missing: not asked)."""
     out = [f"sandbox {status.name}  runtime: {status.runtime} "
            f"({RUNTIME_NOTE.get(status.runtime, '')})  profile: {status.profile}"]
     for node in status.nodes:
@@ -105,7 +122,62 @@ def text(status: SandboxStatus, cluster: Cluster | None = None, pod: str | None 
             out.append(f"  NUMA {numa}: {', '.join(by_numa[numa])}")
         spec = cluster.node(node.name) if cluster is not None else None
         out.extend(allocation_lines(node, cpu_numa(spec), pod, whole_device_names(spec)))
+        if health is not None and node.name in health:
+            out.extend(pod_health_lines(health[node.name]))
     return "\n".join(out) + "\n"
+
+
+def pod_health_lines(entries: Sequence[PodDeviceHealth]) -> list[str]:
+    """The entries of the pods' status that are not Healthy, as a table (one line when
+    all are; nothing when no pod reports a device's health)."""
+    if not entries:
+        return []
+    bad = [h for h in entries if h.health != "Healthy"]
+    if not bad:
+        pods = len({(h.namespace, h.pod) for h in entries})
+        return [f"  pods' devices: all {len(entries)} Healthy ({pods} pod(s), the kubelet's "
+                "allocatedResourcesStatus)"]
+    rows = [(f"{h.namespace}/{h.pod}", h.container, h.resource, h.device or h.resource_id,
+             h.health, h.message or "-") for h in bad]
+    return ["  pods with unhealthy devices (their status, allocatedResourcesStatus):",
+            table(("POD", "CONTAINER", "RESOURCE", "DEVICE", "HEALTH", "MESSAGE"), rows,
+                  indent="  ")]
+
+
+def pod_unhealthy(entries: Sequence[PodDeviceHealth]) -> dict[str, str]:
+    """The profile's device id -> the pods whose status reports it Unhealthy."""
+    pods: dict[str, list[str]] = defaultdict(list)
+    for h in entries:
+        if h.health == "Unhealthy" and h.device and f"{h.namespace}/{h.pod}" not in pods[h.device]:
+            pods[h.device].append(f"{h.namespace}/{h.pod}")
+    return {dev: ", ".join(p) for dev, p in pods.items()}
+
+
+def read_health(kubeconfig: str | None, status: SandboxStatus, cluster: Cluster | None,
+                pod: tuple[str, str] | None = None) -> dict[str, list[PodDeviceHealth]] | None:
+    """Every node's pods' device health from the sandbox's API server (None: it has none,
+    or it did not answer: a "pod health: ..." note on every node says so); ``pod``: only
+    that pod's."""
+    if not kubeconfig:
+        return None
+    try:
+        found = read_sandbox_pod_health(kubeconfig, cluster)
+    except SandboxError as exc:
+        for node in status.nodes:
+            node.notes.append(f"pod health: {exc}")
+        return None
+    return {n.name: [h for h in found.get(n.name, [])
+                     if pod is None or (h.namespace, h.pod) == pod] for n in status.nodes}
+
+
+def to_json(status: SandboxStatus,
+            health: Mapping[str, Sequence[PodDeviceHealth]] | None = None) -> dict[str, Any]:
+    """``-o json``: ``status`` with each node's ``pod_health`` (null: not asked)."""
+    out = status.to_dict()
+    for data in out["nodes"]:
+        entries = health.get(data["name"]) if health is not None else None
+        data["pod_health"] = [h.to_dict() for h in entries] if entries is not None else None
+    return out
 
 
 def whole_device_names(spec: NodeSpec | None) -> dict[str, str]:
@@ -186,24 +258,6 @@ def cpu_numa(spec: NodeSpec | None) -> dict[int, int]:
     return {c.id: c.numa_node for c in spec.cpus} if spec is not None else {}
 
 
-def device_names(d: DeviceSpec) -> set[str]:
-    """Every id a device plugin may give this device or its parts: the profile's id, the
-    GPU UUID, PCI addresses of its functions and VFs, DRM card, /dev/nvidiaN, FPGA ports."""
-    names = {d.id, d.uuid, *(f.address for f in d.functions)}
-    if d.gpu is not None:
-        names.update(d.gpu.vf_addresses)
-        if d.gpu.drm_index >= 0:
-            names.add(f"card{d.gpu.drm_index}")
-        if d.vendor == "nvidia":
-            names.add(f"nvidia{d.gpu.minor}")
-    if d.nic is not None:
-        names.update(a for pf in d.nic.vf_addresses for a in pf)
-    if d.fpga is not None and d.fpga.first_port >= 0:
-        names.update(f"dfl-port.{d.fpga.first_port + k}" for k in range(d.fpga.ports))
-    names.discard("")
-    return names
-
-
 def mark_holders(status: SandboxStatus, cluster: Cluster | None) -> None:
     """Fill each device's ``allocated_to`` from the kubelet's allocations: who holds it
     or a part of it (a VF, an FPGA port), matched through ``device_names``."""
@@ -264,10 +318,11 @@ def only_pod(runtime: Runtime, state_dir: Path, status: SandboxStatus, namespace
         raise SandboxError("; ".join(problems))
 
 
-def _profile(status: SandboxStatus, needed: bool) -> Cluster | None:
+def _profile(status: SandboxStatus, needed: bool, wanted: bool = False) -> Cluster | None:
     """The sandbox's profile: for svg/png it must load; else only where a kubelet told
-    something to map onto it, and a failure is a note on stderr."""
-    if not needed and all(n.allocatable is None for n in status.nodes):
+    something to map onto it (``wanted``: the pods' device health will), and a failure is
+    a note on stderr."""
+    if not needed and not wanted and all(n.allocatable is None for n in status.nodes):
         return None
     try:
         return load_profile(status.profile).cluster
@@ -290,18 +345,23 @@ def run(args: argparse.Namespace) -> int:
     if pod is not None:
         only_pod(runtime, session.state_dir, status, *pod)
     picture = args.output in ("svg", "png")
-    cluster = _profile(status, picture)
+    kubeconfig = session.record.get("kubeconfig")
+    cluster = _profile(status, picture, wanted=bool(kubeconfig))
     mark_holders(status, cluster)
+    health = read_health(str(kubeconfig) if kubeconfig else None, status, cluster, pod)
     if args.output == "json":
-        json.dump(status.to_dict(), sys.stdout, indent=2)
+        json.dump(to_json(status, health), sys.stdout, indent=2)
         print()
         return ready
     if args.output == "table":
-        sys.stdout.write(text(status, cluster, "/".join(pod) if pod else None))
+        sys.stdout.write(text(status, cluster, "/".join(pod) if pod else None, health))
         return ready
     assert cluster is not None  # _profile raises for a picture
+    unhealthy = {n: pod_unhealthy(entries) for n, entries in (health or {}).items()}
     views = {
-        n.name: {d.id: DeviceView(d.health, d.reason, d.allocated_to) for d in n.devices}
+        n.name: {d.id: DeviceView(d.health, d.reason, d.allocated_to,
+                                  unhealthy.get(n.name, {}).get(d.id, ""))
+                 for d in n.devices}
         for n in status.nodes
     }
     svg = topology_svg(cluster.nodes, views, title=f"{status.name} ({status.runtime})",

@@ -152,6 +152,22 @@ def device_statuses(devices: dict[str, dict[str, Any]]) -> list[DeviceStatus]:
     return out
 
 
+def add_devices(node: NodeStatus, socket: Path) -> bool:
+    """Fill ``node.devices`` from its control socket; False, with a note, when the fake
+    hardware server does not answer."""
+    from sandbox.errors import SandboxError
+    from sandbox.fakehw.control import ControlClient
+
+    try:
+        with ControlClient(socket, timeout=5) as client:
+            devices = client.devices()
+    except (SandboxError, OSError) as exc:
+        node.notes.append(f"fake hardware server not answering: {exc}")
+        return False
+    node.devices.extend(device_statuses(devices))
+    return True
+
+
 def is_ready(node: Any) -> bool:
     """A Node object of the ``kubernetes`` client says Ready."""
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])

@@ -46,8 +46,8 @@ from sandbox.runtimes.base import (
     Progress,
     ResourceStatus,
     SandboxStatus,
+    add_devices,
     add_pod_resources,
-    device_statuses,
     is_ready,
     read_record,
     remove_state_dir,
@@ -284,8 +284,6 @@ class KindRuntime:
             raise RuntimeBackendError("down", str(exc)) from exc
 
     def status(self, state_dir: Path) -> SandboxStatus:
-        from sandbox.fakehw.control import ControlClient
-
         record = read_record(state_dir) or {}
         out = SandboxStatus(state_dir.name, self.name, record.get("profile", "?"))
         kubeconfig = record.get("kubeconfig")
@@ -309,13 +307,7 @@ class KindRuntime:
                                                          int(alloc.get(res, 0))))
             info = replicas.get(replica)
             if info is not None:
-                try:
-                    with ControlClient(Path(info["socket"]), timeout=5) as client:
-                        devices = client.devices()
-                except (SandboxError, OSError) as exc:
-                    node.notes.append(f"fake hardware server not answering: {exc}")
-                    devices = {}
-                node.devices.extend(device_statuses(devices))
+                add_devices(node, Path(info["socket"]))
                 add_pod_resources(node, self.pod_resources_socket(state_dir, node.name))
             out.nodes.append(node)
         return out

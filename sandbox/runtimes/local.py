@@ -23,7 +23,6 @@ from typing import Any
 from sandbox import supervisor
 from sandbox.agent import initial_states, start_node, unmount, wait_node
 from sandbox.errors import RuntimeBackendError, SandboxError
-from sandbox.fakehw.control import ControlClient
 from sandbox.kubelet.status import read_status
 from sandbox.profile import spec
 from sandbox.profile.spec import Cluster, NodeSpec
@@ -32,7 +31,7 @@ from sandbox.runtimes.base import (
     Progress,
     ResourceStatus,
     SandboxStatus,
-    device_statuses,
+    add_devices,
     read_record,
     remove_state_dir,
     write_record,
@@ -141,14 +140,7 @@ class LocalRuntime:
         out = SandboxStatus(state_dir.name, self.name, record.get("profile", "?"))
         for name, info in record.get("nodes", {}).items():
             node = NodeStatus(name, ready=True)
-            try:
-                with ControlClient(Path(info["socket"]), timeout=5) as client:
-                    devices = client.devices()
-            except SandboxError as exc:
-                node.ready = False
-                node.notes.append(f"fake hardware server not answering: {exc}")
-                devices = {}
-            node.devices.extend(device_statuses(devices))
+            node.ready = add_devices(node, Path(info["socket"]))
             for res in read_status(Path(info["status_file"])):
                 node.resources.append(ResourceStatus(res.name, res.capacity, res.allocatable,
                                                      res.by_numa))

@@ -22,6 +22,7 @@ Run: ``sudo scripts/build-k8s && scripts/build-containerd && sudo tox -e e2e`` (
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -500,3 +501,35 @@ def intel_cluster(sandboxes: Sandboxes) -> NativeCluster:
     third-party plugins under test are the only ones registered with the kubelet.
     """
     return sandboxes.get(INTEL_PROFILE, reference_plugin=False)
+
+
+# -- device health in pod status (test_native_health.py, test_native_nvidia.py) -------------
+
+WITHIN = 5.0  # seconds: issue 29's bound from a fault to the pod's status
+
+
+def resource_health(cluster: NativeCluster, pod: str) -> dict[str, dict[str, tuple[str, str]]]:
+    """Resource name -> {resource id: (health, message)} of ``pod``'s first container, read
+    raw (the official client may predate the fields)."""
+    raw = json.loads(cluster.core.read_namespaced_pod(pod, NS, _preload_content=False).data)
+    statuses = raw.get("status", {}).get("containerStatuses") or [{}]
+    return {r["name"]: {h["resourceID"]: (h.get("health", ""), h.get("message", ""))
+                        for h in r.get("resources") or []}
+            for r in statuses[0].get("allocatedResourcesStatus") or []}
+
+
+def wait_health(cluster: NativeCluster, pod: str, want: dict[str, str], resource: str,
+                timeout: float = WITHIN, since: float | None = None) -> float:
+    """Wait until each id in ``want`` has its health in ``pod``'s ``resource``, at most
+    ``timeout`` seconds after ``since`` (a monotonic time, such as just before the fault
+    command; default now); the seconds from ``since`` it took."""
+    start = time.monotonic() if since is None else since
+    timeout = max(0.0, timeout - (time.monotonic() - start))
+
+    def now() -> dict[str, str]:
+        return {i: h for i, (h, _m) in resource_health(cluster, pod).get(resource, {}).items()}
+
+    wait_until(f"{pod}'s {resource} health {want}",
+               lambda: all(now().get(i) == h for i, h in want.items()), timeout,
+               describe=lambda: f"have {resource_health(cluster, pod)}")
+    return time.monotonic() - start

@@ -135,6 +135,50 @@ def test_faults_reach_the_kubelet(gpu: KindSandbox) -> None:
     assert not (gpu.state_dir / "nodes" / "gpu-worker" / "root" / "dev" / "nvidia6").exists()
 
 
+def _pod_health(sb: KindSandbox, pod: str) -> dict[str, str]:
+    """GPU id -> health in ``pod``'s allocatedResourcesStatus (its one container)."""
+    raw = json.loads(sb.kubectl("get", "pod", pod, "-o", "json"))
+    statuses = raw["status"].get("containerStatuses") or [{}]
+    return {h["resourceID"]: h["health"]
+            for r in statuses[0].get("allocatedResourcesStatus") or [] if r["name"] == GPU
+            for h in r.get("resources") or []}
+
+
+def test_faults_reach_the_pod_status(gpu: KindSandbox) -> None:
+    """Issue 29: a 2-GPU pod; one GPU faulted -> Unhealthy in its allocatedResourcesStatus
+    within 5 s, the other Healthy; Healthy again within 5 s of the recovery."""
+    gpu.wait_resource("gpu-worker", GPU, (8, 8))
+    spec = load_profile(gpu.profile).cluster.node("gpu-worker")
+    assert spec is not None
+    ids = {d.uuid: d.id for d in spec.devices if d.gpu is not None}
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "health-two"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "c", "image": "hw-sandbox:latest", "imagePullPolicy": "Never",
+            "command": ["sleep", "3600"], "resources": {"limits": {GPU: "2"}}}]},
+    }  # fmt: skip
+    gpu.kubectl("apply", "-f", "-", input_text=json.dumps(pod))
+    sick = ""
+    try:
+        gpu.wait_for("health-two's two GPUs in its status",
+                     lambda: len(_pod_health(gpu, "health-two")) == 2, 120, interval=1)
+        sick_uuid, well_uuid = sorted(_pod_health(gpu, "health-two"))
+        sick = ids[sick_uuid]
+        for health, extra in (("unhealthy", ("--reason", "aer-fatal")), ("healthy", ())):
+            start = time.monotonic()
+            gpu.sandbox("fault", "--name", NAME, "health", "gpu-worker", sick, health, *extra)
+            want = {sick_uuid: health.capitalize(), well_uuid: "Healthy"}
+            gpu.wait_for(f"health-two's GPUs {want}",
+                         lambda: _pod_health(gpu, "health-two") == want,  # noqa: B023
+                         5 - (time.monotonic() - start))
+            print(f"kind: fault {health} -> the pod's status: {time.monotonic() - start:.2f}s")
+        sick = ""
+    finally:
+        if sick:
+            gpu.sandbox("fault", "--name", NAME, "health", "gpu-worker", sick, "healthy")
+        gpu.kubectl("delete", "pod", "health-two", "--wait=true")
+
+
 def test_restart_kubelet_plugin_reregisters(gpu: KindSandbox) -> None:
     before = gpu.resource("gpu-worker", GPU)
 

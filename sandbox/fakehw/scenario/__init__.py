@@ -10,6 +10,16 @@
       - {at: 3.0, do: storm, changes: 100, over: 5.0, devices: [gpu0, gpu1],
          ops: [health, unplug, plug]}
       - {at: 9.0, expect: {gpu0: {plugged: true}, gpu1: {num_vfs: 4}}}
+      - {at: 12.0, expect: {pod: default/train, device: gpu0, health: Unhealthy}}
+
+An ``expect`` is either the state of devices by id (as ``sandbox fault list`` shows it:
+health, reason, plugged, num_vfs) or, when it has a ``pod`` key with a string value,
+what a pod's status says of a device it holds (``pod``: NAMESPACE/NAME or NAME in the
+namespace default; ``device``: the profile's id, or the kubelet's resource id itself;
+``health``: Healthy, Unhealthy or Unknown, as a 1.37 kubelet writes
+``allocatedResourcesStatus``; optional ``container``). The latter needs a Kubernetes API
+server: ``run_scenario(..., pod_health=...)``. It holds when the pod's status has the
+device and every entry of it has that health.
 
 ``load_scenario`` validates the whole file and reports every problem at once
 (``ScenarioError``), each located like a profile problem: ``file:line:col: path: message``
@@ -39,6 +49,9 @@ from sandbox.fakehw.scenario.parse import (
     MAX_SEED,
     MAX_VALUES,
     MAX_VFS,
+    POD_EXPECT_KEYS,
+    POD_HEALTH,
+    PodExpect,
     Scenario,
     Step,
     count_changes,
@@ -52,6 +65,8 @@ from sandbox.fakehw.scenario.run import (
     Action,
     Check,
     Client,
+    PodCheck,
+    PodHealth,
     ScenarioResult,
     apply_action,
     expand,
@@ -61,8 +76,9 @@ from sandbox.fakehw.scenario.run import (
 
 __all__ = [
     "ACTIONS", "EXPECT_KEYS", "MAX_ACTIONS", "MAX_BYTES", "MAX_DEPTH", "MAX_PORT",
-    "MAX_SECONDS", "MAX_SEED", "MAX_VALUES", "MAX_VFS", "STORM_HEALTH", "STORM_OPS_DEFAULT",
-    "Action", "Check", "Client", "Scenario", "ScenarioError", "ScenarioResult", "Step",
+    "MAX_SECONDS", "MAX_SEED", "MAX_VALUES", "MAX_VFS", "POD_EXPECT_KEYS", "POD_HEALTH",
+    "STORM_HEALTH", "STORM_OPS_DEFAULT", "Action", "Check", "Client", "PodCheck", "PodExpect",
+    "PodHealth", "Scenario", "ScenarioError", "ScenarioResult", "Step",
     "apply_action", "count_changes", "expand", "load_scenario", "parse_scenario",
     "parse_scenario_text", "run_scenario", "storm",
 ]

@@ -24,6 +24,8 @@ from sandbox.fakehw.tree import Health, Reason
 
 ACTIONS = (*OPS, "storm")
 EXPECT_KEYS = ("health", "reason", "plugged", "num_vfs")
+POD_EXPECT_KEYS = ("pod", "device", "health", "container")
+POD_HEALTH = ("Healthy", "Unhealthy", "Unknown")  # as the kubelet writes it
 # Bounds: a scenario is a test plan, not a workload generator. Past these it is refused
 # before anything is expanded in memory or sent.
 MAX_BYTES = 1 << 20
@@ -54,6 +56,23 @@ class Step:
     every: float = 0.0
     expect: Mapping[str, Mapping[str, Any]] | None = None
     where: str = ""  # "line:col" of the step in its file, when it came from one
+    pod_expect: PodExpect | None = None  # expect: {pod: ..., device: ..., health: ...}
+
+
+@dataclass(frozen=True)
+class PodExpect:
+    """What a pod's status should say of a device: ``expect: {pod: default/train,
+    device: gpu3, health: Unhealthy}`` (the kubelet's allocatedResourcesStatus)."""
+
+    namespace: str
+    pod: str
+    device: str  # the profile's device id, or the kubelet's resource id itself
+    health: str  # Healthy | Unhealthy | Unknown
+    container: str | None = None
+
+    def __str__(self) -> str:
+        container = f" container {self.container}" if self.container else ""
+        return f"pod {self.namespace}/{self.pod}{container} {self.device} health {self.health}"
 
 
 @dataclass(frozen=True)
@@ -303,13 +322,51 @@ def _parse_step(raw: object, where: str, bad: _Problems) -> Step | None:
         _check_op_args(do, raw, where, bad)
     if do == "storm":
         _check_storm(raw, where, bad)
-    if expect is not None:
+    pod_expect = None
+    if is_pod_expect(expect):
+        pod_expect = _check_pod_expect(expect, f"{where}.expect", bad)
+        expect = None
+    elif expect is not None:
         _check_expect(expect, f"{where}.expect", bad)
     if len(bad) != n_before or not _num(at) or not _num(every):
         return None
     args = {k: v for k, v in raw.items() if k not in _COMMON}
     located = bad.at(where)[len(bad.source) + 1:]
-    return Step(float(at), do, args, repeat, float(every), expect, located)
+    return Step(float(at), do, args, repeat, float(every), expect, located, pod_expect)
+
+
+def is_pod_expect(expect: object) -> TypeGuard[Mapping[str, Any]]:
+    """``expect`` is about a pod's status (a ``pod`` key with a string value), not the
+    state of devices by id (``{gpu0: {plugged: true}}``, whose values are mappings)."""
+    return isinstance(expect, dict) and isinstance(expect.get("pod"), str)
+
+
+def _check_pod_expect(expect: Mapping[str, Any], where: str, bad: _Problems
+                      ) -> PodExpect | None:
+    n_before = len(bad)
+    for key in sorted(set(expect) - set(POD_EXPECT_KEYS), key=str):
+        bad(f"{where}.{key}", f"unknown field (expected {', '.join(POD_EXPECT_KEYS)})",
+            key=True)
+    namespace, _, pod = str(expect["pod"]).rpartition("/")
+    namespace = namespace or "default"
+    if not pod or "/" in namespace:
+        bad(f"{where}.pod", "expected NAMESPACE/NAME or NAME (namespace default), e.g. "
+                            "default/train")
+    device = expect.get("device")
+    if not isinstance(device, str) or not device:
+        bad(f"{where}.device", "expected a device id such as gpu3 (or the kubelet's "
+                               "resource id)")
+    health = expect.get("health")
+    if health not in POD_HEALTH:
+        bad(f"{where}.health", f"expected one of {', '.join(POD_HEALTH)} (as the kubelet "
+                               "writes it)")
+    container = expect.get("container")
+    if container is not None and (not isinstance(container, str) or not container):
+        bad(f"{where}.container", "expected a container name")
+    if len(bad) != n_before:
+        return None
+    return PodExpect(namespace, pod, str(device), str(health),
+                     str(container) if container is not None else None)
 
 
 def _check_op_args(op: str, raw: Mapping[str, Any], where: str, bad: _Problems) -> None:
@@ -361,7 +418,8 @@ def _check_storm(raw: Mapping[str, Any], where: str, bad: _Problems) -> None:
 
 def _check_expect(expect: object, where: str, bad: _Problems) -> None:
     if not isinstance(expect, dict) or not expect:
-        bad(where, "expected a mapping of device id to expected state")
+        bad(where, "expected a mapping of device id to expected state, or {pod: NAME, "
+                   "device: ID, health: Healthy|Unhealthy|Unknown}")
         return
     for dev, want in expect.items():
         w = f"{where}.{dev}"

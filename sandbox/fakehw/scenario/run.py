@@ -4,7 +4,9 @@
 is drawn from ``random.Random`` seeded by the scenario seed and the step number, so the
 same file always gives the same changes). ``run_scenario`` performs the actions through a
 ``ControlClient`` at their times and returns the ``expect`` checks for the caller to
-assert on.
+assert on: a device's state as the node's control server reports it (``Check``) or, with
+a ``pod_health`` callable, what a pod's status says of a device (``PodCheck``; this layer
+does not talk to Kubernetes itself: ``sandbox.podhealth.PodHealthLookup`` does).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Protocol
 
 from sandbox.errors import ControlError, ScenarioError
 from sandbox.fakehw.live import Change, Op
-from sandbox.fakehw.scenario.parse import Scenario
+from sandbox.fakehw.scenario.parse import PodExpect, Scenario
 from sandbox.fakehw.tree import Health, Reason
 
 STORM_OPS_DEFAULT: tuple[Op, ...] = ("health", "unplug", "plug")
@@ -37,6 +39,7 @@ class Action:
     step: int
     change: Change | None
     expect: Mapping[str, Mapping[str, Any]] | None = None
+    pod_expect: PodExpect | None = None
 
 
 @dataclass(frozen=True)
@@ -58,13 +61,50 @@ class Check:
         return f"steps[{self.step}] at {self.at:g}s: {self.device} {dict(self.expected)}: {verdict}"
 
 
+@dataclass(frozen=True)
+class PodCheck:
+    """An ``expect: {pod: ..., device: ..., health: ...}``: ``seen`` are the (resource id,
+    health) entries of the pod's status that match the device. Ok when there is one and
+    every one has the expected health."""
+
+    at: float
+    step: int
+    expected: PodExpect
+    seen: tuple[tuple[str, str], ...]
+
+    @property
+    def device(self) -> str:
+        return self.expected.device
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.seen) and all(h == self.expected.health for _, h in self.seen)
+
+    def __str__(self) -> str:
+        if self.ok:
+            verdict = "ok"
+        elif not self.seen:
+            verdict = f"FAILED, no allocated device {self.expected.device} in its status"
+        else:
+            got = sorted({h for _, h in self.seen})
+            detail = "" if len(self.seen) == 1 else " (" + ", ".join(
+                f"{rid}: {h}" for rid, h in self.seen) + ")"
+            verdict = f"FAILED, got {', '.join(got)}{detail}"
+        return f"steps[{self.step}] at {self.at:g}s: {self.expected}: {verdict}"
+
+
+PodHealth = Callable[[str, str, str, str | None], list[tuple[str, str]]]
+"""(namespace, pod, device, container or None) -> the (resource id, health) entries of
+the pod's status that match ``device`` (the profile's id, or a resource id itself)."""
+
+
 @dataclass
 class ScenarioResult:
     applied: list[tuple[Action, dict[str, Any]]] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
+    checks: list[Check | PodCheck] = field(default_factory=list)
 
     @property
-    def failures(self) -> list[Check]:
+    def failures(self) -> list[Check | PodCheck]:
         return [c for c in self.checks if not c.ok]
 
     @property
@@ -143,11 +183,15 @@ def expand(scenario: Scenario, devices: Sequence[str]) -> list[Action]:
             if st.expect:
                 end = st.at + (st.repeat - 1) * st.every + float(st.args.get("over", 0.0))
                 actions.append(Action(end, i, None, st.expect))
+            if st.pod_expect:
+                end = st.at + (st.repeat - 1) * st.every + float(st.args.get("over", 0.0))
+                actions.append(Action(end, i, None, None, st.pod_expect))
             continue
         for r in range(st.repeat):
             last = r == st.repeat - 1
             change = _change(st.do, st.args) if st.do else None
-            actions.append(Action(st.at + r * st.every, i, change, st.expect if last else None))
+            actions.append(Action(st.at + r * st.every, i, change, st.expect if last else None,
+                                  st.pod_expect if last else None))
     return sorted(actions, key=lambda a: a.at)
 
 
@@ -181,15 +225,24 @@ def run_scenario(
     on_action: Callable[[Action, dict[str, Any]], None] | None = None,
     on_wait: Callable[[Action], None] | None = None,
     wait_slice: float = 1.0,
+    pod_health: PodHealth | None = None,
 ) -> ScenarioResult:
     """Perform ``scenario`` through ``client`` in real time (``speed`` 2 = twice as fast).
 
     Stops with ScenarioError at the first change the server refuses. Expectations are
     recorded, not raised: check ``result.ok`` / ``result.failures``. ``on_action`` is
     called after each change; a wait for the next action is slept in slices of at most
-    ``wait_slice`` seconds, with ``on_wait(next action)`` after each (progress output)."""
+    ``wait_slice`` seconds, with ``on_wait(next action)`` after each (progress output).
+    ``pod_health`` answers the pod expectations; a scenario with some and no
+    ``pod_health`` is refused before anything is sent."""
     if speed <= 0:
         raise ScenarioError([f"{scenario.source}: speed must be > 0"])
+    if pod_health is None:
+        pods = [f"{scenario.source}{':' + st.where if st.where else ''}: steps[{i}].expect: "
+                f"{st.pod_expect} needs a Kubernetes API server (a sandbox of runtime native "
+                "or kind)" for i, st in enumerate(scenario.steps) if st.pod_expect is not None]
+        if pods:
+            raise ScenarioError(pods)
     try:
         devices = sorted(client.devices())
     except ControlError as exc:
@@ -223,4 +276,9 @@ def run_scenario(
                 got = now.get(dev)
                 actual = got["state"] if got else None
                 result.checks.append(Check(action.at, action.step, dev, want, actual))
+        if action.pod_expect is not None and pod_health is not None:
+            want_pod = action.pod_expect
+            seen = pod_health(want_pod.namespace, want_pod.pod, want_pod.device,
+                              want_pod.container)
+            result.checks.append(PodCheck(action.at, action.step, want_pod, tuple(seen)))
     return result

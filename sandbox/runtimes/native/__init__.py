@@ -55,6 +55,7 @@ from sandbox.runtimes import _images, kubeletns
 from sandbox.runtimes.base import (
     Progress,
     SandboxStatus,
+    add_devices,
     add_pod_resources,
     read_record,
     remove_marked_dir,
@@ -311,8 +312,9 @@ class NativeRuntime:
             raise RuntimeBackendError("status", f"no sandbox in {state_dir}")
         result = SandboxStatus(name=str(record.get("cluster", state_dir.name)),
                                runtime=self.name, profile=str(record.get("profile", "")))
-        for name in record.get("nodes", []):
+        for name, info in record.get("nodes", {}).items():
             node = node_status(layout, name)
+            add_devices(node, Path(info["socket"]))
             add_pod_resources(node, self.pod_resources_socket(state_dir, name))
             result.nodes.append(node)
         return result
