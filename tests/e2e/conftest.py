@@ -421,6 +421,8 @@ class Sandboxes:
             core=client.CoreV1Api(self._api_client),
             up_seconds=up_seconds,
         )
+        # a user's `kubectl apply` of a pod right after `up` must not be refused
+        assert default_service_account(self.current), "up returned before the default SA"
         return self.current
 
     def release(self) -> None:

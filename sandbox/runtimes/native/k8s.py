@@ -42,6 +42,22 @@ def node_ready(layout: Layout, name: str) -> bool:
     return is_ready(node)
 
 
+def default_service_account(layout: Layout) -> bool:
+    """Does namespace default have its service account yet? The controller-manager makes
+    it a few seconds after it starts; until then the API server refuses every pod there
+    ("serviceaccount \"default\" not found")."""
+    from kubernetes.client.exceptions import ApiException
+
+    api = _client(layout)
+    try:
+        api.read_namespaced_service_account("default", "default")
+    except ApiException:
+        return False
+    finally:
+        api.api_client.close()
+    return True
+
+
 def node_status(layout: Layout, name: str) -> NodeStatus:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError  # e.g. MaxRetryError: no API server answers

@@ -42,7 +42,7 @@ from sandbox.runtimes.native.common import (
     wait_for,
 )
 from sandbox.runtimes.native.configs import cni_config, containerd_config, kubelet_config
-from sandbox.runtimes.native.k8s import node_ready
+from sandbox.runtimes.native.k8s import default_service_account, node_ready
 from sandbox.runtimes.native.node import (
     prepare_node_tree,
     start_dra_driver,
@@ -261,6 +261,9 @@ class Up:
         self.progress("waiting for the node to be Ready")
         wait_for(self.layout, "kubelet", f"Ready (node {self.node.name})",
                  lambda: node_ready(self.layout, self.node.name), 180)
+        # so that `kubectl apply` of a pod right after `up` works
+        wait_for(self.layout, "kube-controller-manager", "the default service account",
+                 lambda: default_service_account(self.layout), 60)
         self.progress(f"node {self.node.name} Ready in {time.monotonic() - self.t0:.0f}s; "
                       f"KUBECONFIG={self.layout.kubeconfig}")
 
