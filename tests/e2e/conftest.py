@@ -304,6 +304,21 @@ GROUP, VERSION, NS = "resource.k8s.io", "v1", "default"
 DEVICE_CLASSES = REPO / "examples" / "dra" / "deviceclasses.yaml"
 
 
+def ensure_device_classes(cluster: NativeCluster) -> None:
+    """examples/dra/deviceclasses.yaml on the cluster; those an earlier test made are
+    fine."""
+    import yaml
+    from kubernetes.client.exceptions import ApiException
+
+    objects = custom_objects(cluster)
+    for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
+        try:
+            objects.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", doc)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+
 def custom_objects(cluster: NativeCluster) -> Any:
     from kubernetes import client
 

@@ -33,9 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from conftest import (
-    DEVICE_CLASSES,
     DRIVER,
     GROUP,
     NS,
@@ -45,6 +43,7 @@ from conftest import (
     custom_objects,
     default_service_account,
     driver_slices,
+    ensure_device_classes,
     events,
     gpu_minor,
     phase,
@@ -90,18 +89,6 @@ def _gpus(cluster: NativeCluster) -> dict[str, dict[str, Any]]:
 
 def _dra_name(pci: str) -> str:
     return "gpu-" + pci.replace(":", "-").replace(".", "-")
-
-
-def _ensure_device_classes(cluster: NativeCluster) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    objects = custom_objects(cluster)
-    for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
-        try:
-            objects.create_cluster_custom_object(GROUP, VERSION, "deviceclasses", doc)
-        except ApiException as exc:
-            if exc.status != 409:  # created by an earlier test
-                raise
 
 
 def _cdi_files(cluster: NativeCluster) -> list[Path]:
@@ -185,7 +172,7 @@ def cluster(dra_cluster: NativeCluster) -> Iterator[NativeCluster]:
     slice published; the driver must still run afterwards."""
     wait_until("the DRA driver's ResourceSlice for the node",
                lambda: bool(driver_slices(dra_cluster)), 60, describe=_diagnose(dra_cluster))
-    _ensure_device_classes(dra_cluster)
+    ensure_device_classes(dra_cluster)
     wait_until("the default service account", lambda: default_service_account(dra_cluster))
     yield dra_cluster
     assert running(dra_cluster.layout, "dra-driver") is not None, (

@@ -37,9 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from conftest import (
-    DEVICE_CLASSES,
     DRIVER,
     GROUP,
     MIG_FEATURE_GATES,
@@ -50,6 +48,7 @@ from conftest import (
     custom_objects,
     default_service_account,
     delete_object,
+    ensure_device_classes,
     events,
     gpu_minor,
     phase,
@@ -109,18 +108,10 @@ def _output(cluster: NativeCluster, pod: str, container: str) -> tuple[dict[str,
 
 @pytest.fixture
 def cluster(mig_cluster: NativeCluster) -> NativeCluster:
-    from kubernetes.client.exceptions import ApiException
-
     wait_until("the DRA driver's ResourceSlices for the node",
                lambda: bool(slice_devices(mig_cluster)), 60,
                describe=lambda: _diagnose(mig_cluster))
-    for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
-        try:
-            custom_objects(mig_cluster).create_cluster_custom_object(GROUP, VERSION,
-                                                                     "deviceclasses", doc)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
+    ensure_device_classes(mig_cluster)
     wait_until("the default service account", lambda: default_service_account(mig_cluster))
     return mig_cluster
 

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from conftest import (
-    DEVICE_CLASSES,
     DRIVER,
     GROUP,
     NS,
@@ -40,6 +39,7 @@ from conftest import (
     custom_objects,
     default_service_account,
     delete_object,
+    ensure_device_classes,
     events,
     phase,
     pod_manifest,
@@ -145,19 +145,6 @@ def _create(cluster: NativeCluster, plural: str, doc: dict[str, Any]) -> None:
     custom_objects(cluster).create_namespaced_custom_object(GROUP, VERSION, NS, plural, doc)
 
 
-def _device_classes(cluster: NativeCluster) -> None:
-    import yaml
-    from kubernetes.client.exceptions import ApiException
-
-    for doc in yaml.safe_load_all(DEVICE_CLASSES.read_text()):
-        try:
-            custom_objects(cluster).create_cluster_custom_object(GROUP, VERSION,
-                                                                 "deviceclasses", doc)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-
-
 def _claim(cluster: NativeCluster, name: str, exactly: dict[str, Any]) -> None:
     """A claim whose one request ``dev`` tolerates our NoExecute taint: the pod stays to be
     looked at (without it the taint evicts the pod, test_native_dra_cdi.py). The effect
@@ -199,7 +186,7 @@ def check_dra_chain(cluster: NativeCluster, exactly: dict[str, Any], reason: str
     node = cluster.node.name
     wait_until("the DRA driver's slices", lambda: bool(slice_devices(cluster)), 60,
                describe=lambda: component_log(cluster, "dra-driver"))
-    _device_classes(cluster)
+    ensure_device_classes(cluster)
     wait_until("the default service account", lambda: default_service_account(cluster))
     pods = {"health-claim": exactly, "health-other": bystander}  # made in this order
     made: list[str] = []
