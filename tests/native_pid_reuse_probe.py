@@ -62,7 +62,11 @@ def main() -> int:
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     write_record(state, {"runtime": "native", "cluster": "pid-reuse", "name": state.name,
-                         "nodes": {NODE: {}}, "ports": {"kubelet-healthz":
+                         # the node's entry as `up` writes it; no fake hardware server
+                         # answers at its socket (status notes that, and goes on)
+                         "nodes": {NODE: {"root": str(state / "node-root"),
+                                          "socket": str(state / "node" / "control.sock")}},
+                         "ports": {"kubelet-healthz":
                                                         server.server_address[1]}})
     layout.kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",

@@ -198,6 +198,10 @@ def control_plane(gates: Mapping[str, bool] | None = None,
         _wait(cp, "kube-apiserver", ready, 90)
         _wait(cp, "resource.k8s.io/v1", lambda: client.ResourceV1Api(api)
               .list_device_class() is not None, 30)  # fmt: skip
+        # The apiserver's own controller creates `default` a moment after /version answers;
+        # a test creating a pod there first would get 404 "namespaces default not found".
+        _wait(cp, "namespace default", lambda: client.CoreV1Api(api)
+              .read_namespace("default") is not None, 30)  # fmt: skip
         if scheduler:
             cp.start_scheduler(cp.gates)
             _spawn(cp, "kube-controller-manager", [

@@ -75,14 +75,19 @@ def test_bundled_manifest_brings_nvidias_plugin_to_the_node(
     assert placed.read_bytes() == nvml_library().read_bytes()
     for name, target in (("root", "node-root"), ("nvml", "nvml"), ("features.d", "features.d")):
         assert os.readlink(HOST_STATE / name) == str(cluster.state_dir / target), out
+    def phases() -> str:
+        return _kubectl(cluster, "-n", "kube-system", "get", "pods", "-l",
+                        "app.kubernetes.io/name=nvidia-device-plugin", "-o",
+                        "jsonpath={.items[*].status.phase}")  # fmt: skip
+
     try:
+        # The pod first: the node's counts alone may still be an earlier plugin's (the
+        # kubelet posts them every 10 s), and would let the test run ahead of this one.
+        wait_until("NVIDIA's plugin pod to run", lambda: phases() == "Running", 180,
+                   describe=lambda: _plugin_pods(cluster))
         wait_until(f"{GPU} 8/8 on the node", lambda: resource_counts(cluster, GPU) == (8, 8),
                    180, describe=lambda: f"{resource_counts(cluster, GPU)}\n"
                    f"{_plugin_pods(cluster)}")
-        running = _kubectl(cluster, "-n", "kube-system", "get", "pods", "-l",
-                           "app.kubernetes.io/name=nvidia-device-plugin", "-o",
-                           "jsonpath={.items[*].status.phase}")  # fmt: skip
-        assert running == "Running", _plugin_pods(cluster)
         assert "nvidia-gpu.sock" in os.listdir(kubelet_root() / "device-plugins")
 
         check_two_gpu_pod(cluster, "nvm2")

@@ -146,8 +146,8 @@ def _pod_health(sb: KindSandbox, pod: str) -> dict[str, str]:
 
 def test_faults_reach_the_pod_status(gpu: KindSandbox) -> None:
     """Issue 29: a 2-GPU pod; one GPU faulted -> Unhealthy in its allocatedResourcesStatus
-    within 5 s, the other Healthy; Healthy again within 5 s of the recovery."""
-    gpu.wait_resource("gpu-worker", GPU, (8, 8))
+    within 5 s, the other Healthy; Healthy again within 5 s of the recovery. (The test
+    before unplugged gpu6, which the one after plugs back: 7 GPUs are here.)"""
     spec = load_profile(gpu.profile).cluster.node("gpu-worker")
     assert spec is not None
     ids = {d.uuid: d.id for d in spec.devices if d.gpu is not None}
