@@ -45,7 +45,9 @@ if TYPE_CHECKING:
 VERBS = {
     "up": "start a sandbox from a hardware profile",
     "down": "stop a sandbox and remove its processes, mounts and state",
+    "list": "list the sandboxes",
     "status": "show nodes, devices per NUMA node, health, capacity vs allocatable",
+    "profiles": "list the bundled hardware profiles",
     "validate": "check hardware profiles",
     "show": "summarise a profile: NUMA nodes, CPUs, memory, devices",
     "schema": "print the profile JSON Schema",
@@ -79,10 +81,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         ),
         epilog="Start with: sandbox up profiles/8gpu-2numa.yaml   (see `sandbox COMMAND --help`)",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "-v", "--verbose", action="store_true", help="debug logs and tracebacks on errors"
-    )
+    parser.add_argument("--version", action=_version_action(), nargs=0,
+                        help="show the version and the pinned Kubernetes, kind and "
+                        "containerd versions, and exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = _chosen_verb(argv)
     for verb, summary in VERBS.items():
@@ -99,7 +101,46 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
             sub.add_parser(verb, help=summary + " (not available in this build)")
             continue
         module.register(sub)
+        _verbose_everywhere(sub.choices[verb])
     return parser
+
+
+VERBOSE_HELP = "debug logs and tracebacks on errors"
+
+
+def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``-v`` before the verb or anywhere after it (``sandbox up P -v``), in every nested
+    verb too; SUPPRESS keeps a ``-v`` given before the verb from being reset."""
+    import argparse
+
+    if "-v" not in parser._option_string_actions:
+        parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                            help=VERBOSE_HELP)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for nested in set(action.choices.values()):
+                _verbose_everywhere(nested)
+
+
+def versions() -> str:
+    """This sandbox's version and the versions of what it builds and runs."""
+    from sandbox.runtimes.kindimage import KIND_VERSION
+    from sandbox.runtimes.native.common import CONTAINERD_VERSION, K8S_VERSION
+
+    return (f"sandbox {__version__} (Kubernetes v{K8S_VERSION}, kind {KIND_VERSION}, "
+            f"containerd v{CONTAINERD_VERSION})")
+
+
+def _version_action() -> type[argparse.Action]:
+    import argparse
+
+    class Version(argparse.Action):
+        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                     values: object, option_string: str | None = None) -> None:
+            print(versions())
+            parser.exit()
+
+    return Version
 
 
 def main(argv: Sequence[str] | None = None) -> int:

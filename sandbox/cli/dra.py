@@ -26,7 +26,7 @@ from sandbox.cli.status import add_file_arguments, check_picture_file, write_pic
 from sandbox.dra import driver_config, node_slices, quantity, read_usage
 from sandbox.draw import claims_svg
 from sandbox.errors import SandboxError
-from sandbox.profile import load_profile
+from sandbox.profile import PROFILE_HELP, load_profile
 from sandbox.session import find_session
 from sandbox.textui import table
 
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s = verbs.add_parser("slices", help="print the ResourceSlices as YAML")
     c = verbs.add_parser("config", help="print the driver config (GPU memory, partitions)")
     for q in (s, c):
-        q.add_argument("profile", metavar="PROFILE")
+        q.add_argument("profile", metavar="PROFILE", help=PROFILE_HELP)
         q.add_argument("--node", metavar="NAME", help="node (replica); default: the first")
     s.add_argument("--compatibility-groups", action="store_true",
                    help="offer every partition mode (needs DRADeviceCompatibilityGroups)")

@@ -12,6 +12,7 @@ from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlPaths, control_paths
 from sandbox.fakehw.devnodes import STAND_IN, check_map
 from sandbox.outfile import check_target, write_file
+from sandbox.profile.bundled import PROFILE_HELP, STDIN
 from sandbox.profile.spec import read_node
 
 
@@ -37,7 +38,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "docs/spec-format.md), served as it is instead of resolving a profile.",
     )
     p.add_argument("profile", metavar="PROFILE",
-                   help="the hardware profile (with --spec: a resolved spec file)")
+                   help=f"{PROFILE_HELP} (with --spec: a resolved spec file)")
     p.add_argument("root", metavar="ROOT", help="mount point (created if missing)")
     p.add_argument("--spec", action="store_true",
                    help="PROFILE is a resolved spec: a node, or a cluster with --node")
@@ -77,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.node is None:
         raise SandboxError("--node NAME is needed with a profile")
     if args.daemon:
+        if profile == STDIN:
+            raise SandboxError("mount --daemon cannot read the profile from standard input "
+                               "(the server it leaves running reads it again): give a file")
         if args.pid_file is not None:
             check_target(args.pid_file, force=True)  # before a server is left running
         paths = control_paths(root, args.state_dir)  # a socket path too long: say so here

@@ -7,7 +7,7 @@ import argparse
 from sandbox.errors import RenderError
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
-from sandbox.profile import load_profile
+from sandbox.profile import PROFILE_HELP, load_profile
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "drivers of those numbers (a profile's devNodes choose any), so use it only in a "
         "directory no one else can reach.",
     )
-    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("profile", metavar="PROFILE", help=PROFILE_HELP)
     p.add_argument("--node", metavar="NAME",
                    help="node (replica) name; may be omitted when the profile has one node")
     p.add_argument("--index", type=int, metavar="I", help="replica index of a counted node")

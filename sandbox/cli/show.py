@@ -9,7 +9,7 @@ import sys
 import yaml
 
 from sandbox.errors import SandboxError
-from sandbox.profile import load_profile, spec
+from sandbox.profile import PROFILE_HELP, load_profile, spec
 from sandbox.profile.show import cluster_data, cluster_text
 
 
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "spec the resolved spec file (docs/spec-format.md) that `sandbox mount --spec` "
         "serves: the whole cluster, or one node with --node.",
     )
-    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("profile", metavar="PROFILE", help=PROFILE_HELP)
     p.add_argument("-o", "--output", choices=("table", "json", "yaml", "spec"), default="table")
     p.add_argument("--node", metavar="NAME", help="with -o spec: only this node (replica name)")
     p.add_argument("--index", type=int, metavar="I", help="replica index of a counted node")

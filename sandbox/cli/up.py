@@ -31,10 +31,11 @@ from hwplugins.dra.slices import TYPES as DRA_DEVICE_TYPES
 
 from sandbox.cli import on_sigint
 from sandbox.errors import RuntimeBackendError, SandboxError
-from sandbox.profile import load_profile
+from sandbox.profile import PROFILE_HELP, STDIN_NAME, LoadedProfile, load_profile
 from sandbox.runtimes import RUNTIMES, choose_runtime, runtime_for
 from sandbox.runtimes.base import (
     STATE_MARKER,
+    STDIN_COPY,
     Runtime,
     StateBusy,
     StateLock,
@@ -44,6 +45,7 @@ from sandbox.runtimes.base import (
     state_dir_for,
 )
 from sandbox.runtimes.steps import interrupts_held
+from sandbox.session import list_sessions
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -65,7 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "is coming up. A failed up removes what it made (unless --retain), a full state "
         "root included: one error line, nothing left.",
     )
-    p.add_argument("profile", metavar="PROFILE")
+    p.add_argument("profile", metavar="PROFILE", help=PROFILE_HELP)
     p.add_argument("--runtime", choices=("auto", *RUNTIMES), default="auto")
     p.add_argument("--name", help="sandbox name (default: the profile's metadata.name)")
     p.add_argument("--retain", action="store_true",
@@ -235,7 +237,9 @@ def run(args: argparse.Namespace) -> int:
         if read_record(state_dir) is not None:
             raise _Exists(f"a sandbox named {name!r} already exists ({state_dir}); "
                           f"run `sandbox down --name {name}` first or pick --name")
-        runtime.up(loaded.cluster, os.path.abspath(args.profile), state_dir, progress)
+        runtime.up(loaded.cluster, _profile_file(loaded, state_dir), state_dir, progress)
+        if loaded.path == STDIN_NAME:  # the state dir is the runtime's until now
+            (state_dir / STDIN_COPY).write_text(loaded.text)
         # Up: from this line on it stays up, whatever SIGINT comes (up only prints, exits).
         on_sigint(signal.SIG_IGN)
     except BaseException as exc:
@@ -256,13 +260,26 @@ def run(args: argparse.Namespace) -> int:
             raise
         raise result from exc
     elapsed = time.monotonic() - started
+    # with another sandbox beside it, the bare verbs would ask which one
+    which = f" --name {name}" if len(list_sessions(state_dir.parent)) > 1 else ""
+    hints = [(f"sandbox status{which}", "what the kubelet sees"),
+             (f"sandbox fault{which} list", "devices and their health"),
+             (f"sandbox down{which}", "remove it")]
+    width = max(len(c) for c, _ in hints) + 2
     print(f"sandbox {name!r} is up ({runtime.name} runtime, {elapsed:.1f}s). Next:\n"
-          f"  sandbox status             what the kubelet sees\n"
-          f"  sandbox fault list         devices and their health\n"
-          f"  sandbox down               remove it", flush=True)
+          + "\n".join(f"  {c:<{width}}{what}" for c, what in hints), flush=True)
     # `lock` is not released: the process's exit drops it, so a `down` that gets it
     # knows this `up` is over.
     return 0
+
+
+def _profile_file(loaded: LoadedProfile, state_dir: Path) -> str:
+    """The profile file the sandbox's record names (``status`` and ``fault`` read it again):
+    the file read, or for a profile read from stdin the copy ``up`` keeps in the state dir
+    once the runtime is up."""
+    if loaded.path != STDIN_NAME:
+        return os.path.abspath(loaded.path)
+    return str(state_dir / STDIN_COPY)
 
 
 class _Exists(SandboxError):

@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Load and check each profile. Every problem is printed as "
         "FILE:LINE:COL: FIELD.PATH: MESSAGE; the exit code is 1 if any profile has one.",
     )
-    p.add_argument("profiles", nargs="+", metavar="PROFILE", help="profile YAML files")
+    p.add_argument("profiles", nargs="+", metavar="PROFILE",
+                   help="profile files, names of bundled profiles (`sandbox profiles`), or - "
+                   "for standard input")
     p.add_argument("-q", "--quiet", action="store_true", help="print problems only")
     p.set_defaults(func=run)
 

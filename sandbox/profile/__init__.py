@@ -1,6 +1,8 @@
 """Hardware profiles: the YAML format, its validation and its fully defaulted form.
 
-    load_profile(path) -> LoadedProfile(path, profile, cluster)
+    load_profile(path) -> LoadedProfile(path, profile, cluster, text)
+
+``path`` may also be ``-`` (standard input) or a bundled profile's name (``bundled``).
 
 ``profile`` is the document as written (``model``); ``cluster`` is every node replica
 with every default filled in (computed by ``resolve``, typed by ``spec``), which the tree
@@ -8,13 +10,22 @@ builder consumes. ``spec.dump``/``spec.load`` write a resolved node or cluster a
 and read it back (docs/spec-format.md).
 """
 
-from sandbox.profile.loader import LoadedProfile, format_loc, load_profile, load_profile_text
+from sandbox.profile.bundled import PROFILE_HELP
+from sandbox.profile.loader import (
+    STDIN_NAME,
+    LoadedProfile,
+    format_loc,
+    load_profile,
+    load_profile_text,
+)
 from sandbox.profile.model import API_VERSION, KIND, Profile
 from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
 
 __all__ = [
     "API_VERSION",
     "KIND",
+    "PROFILE_HELP",
+    "STDIN_NAME",
     "Cluster",
     "DeviceSpec",
     "LoadedProfile",

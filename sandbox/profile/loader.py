@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,19 +22,21 @@ import pydantic
 import yaml
 
 from sandbox.errors import Problem, ProfileError
-from sandbox.profile import model
+from sandbox.profile import bundled, model
 from sandbox.profile.resolve import ResolveFailed, resolve
 from sandbox.profile.spec import Cluster, Loc
 
 MAX_BYTES = 4 * 2**20
+STDIN_NAME = "<stdin>"  # how problems in a profile read from `-` are located
 MAX_NODES = 200_000  # YAML aliases can multiply a small file (the "billion laughs")
 
 
 @dataclass(frozen=True)
 class LoadedProfile:
-    path: str
+    path: str  # the file read, or STDIN_NAME
     profile: model.Profile
     cluster: Cluster
+    text: str = ""  # the document as read
 
 
 @dataclass
@@ -64,8 +67,13 @@ def format_loc(loc: Loc) -> str:
 
 
 def load_profile(path: str | os.PathLike[str]) -> LoadedProfile:
+    """``path``: a file, ``-`` for standard input, or a bundled profile's name
+    (``sandbox.profile.bundled``)."""
     name = str(path)
-    return load_profile_text(_read(name), name)
+    if name == bundled.STDIN:
+        return load_profile_text(_read_stdin(), STDIN_NAME)
+    located = bundled.locate(name)
+    return load_profile_text(_read(located), located)
 
 
 def load_profile_text(text: str, name: str = "<string>") -> LoadedProfile:
@@ -81,7 +89,7 @@ def load_profile_text(text: str, name: str = "<string>") -> LoadedProfile:
                                                                                      cluster)]
     if problems:
         raise ProfileError(problems)
-    return LoadedProfile(name, profile, cluster)
+    return LoadedProfile(name, profile, cluster, text)
 
 
 def _check_dev_nodes(profile: model.Profile, cluster: Cluster) -> Iterator[tuple[Loc, str]]:
@@ -118,11 +126,25 @@ def _read(name: str) -> str:
         with p.open("rb") as f:
             raw = f.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise _one(name, "no such file") from None
+        raise _one(name, f"no such file{bundled.did_you_mean(name)}") from None
     except PermissionError:
         raise _one(name, "permission denied") from None
     except OSError as exc:
         raise _one(name, f"cannot read: {exc.strerror or exc}") from None
+    return _decode(name, raw)
+
+
+def _read_stdin() -> str:
+    try:
+        raw = sys.stdin.buffer.read(MAX_BYTES + 1)
+    except (AttributeError, ValueError):  # no standard input (closed, or not a file)
+        raise _one(STDIN_NAME, "no standard input to read the profile from") from None
+    except OSError as exc:
+        raise _one(STDIN_NAME, f"cannot read: {exc.strerror or exc}") from None
+    return _decode(STDIN_NAME, raw)
+
+
+def _decode(name: str, raw: bytes) -> str:
     if len(raw) > MAX_BYTES:
         raise _one(name, f"larger than {MAX_BYTES // 2**20} MiB; not a profile")
     try:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # grpcio is loaded only where a kubelet is asked (add_pod_res
 Progress = Callable[[str], None]
 
 STATE_MARKER = ".hw-sandbox-state"
+STDIN_COPY = "profile.yaml"  # `sandbox up -`: the profile read from stdin, kept for status
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
