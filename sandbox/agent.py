@@ -220,7 +220,8 @@ def run_node(profile_path: str | None, node: str | None, root: Path, *,
     try:
         trio.run(lambda: serve(root, rebuild, initial_states=states, state_dir=state_dir,
                                dev_map=dev_map if allow_dev else None, allow_dev=allow_dev,
-                               fsname=f"hwsandbox:{spec.name}", task_status=_Status()))
+                               fsname=f"hwsandbox:{spec.name}", node=spec.name,
+                               task_status=_Status()))
     finally:
         if dev_dir is not None:
             remove_device_nodes(made, dev_dir)

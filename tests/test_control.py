@@ -97,6 +97,8 @@ BAD_REQUESTS: list[tuple[bytes, str]] = [
         "set-vfs gpu0: num_vfs 9 exceeds sriov_totalvfs 4",
     ),
     (b'{"v": 1, "op": "get", "id": [1]}', "id: expected a string or an integer"),
+    (b'{"v": 1, "op": "get", "node": 3}', "get: node: expected a node name"),
+    (b'{"v": 1, "op": "unplug", "device": "gpu0", "node": ""}', "unplug: node: expected"),
     # Hostile: each of these used to stop the server, or was accepted.
     (b'{"v":1,"op":"get","id":' + b"9" * 5000 + b"}", "integer with more than 20 digits"),
     (b"[" * 3000 + b"]" * 3000, "nested deeper than 8 levels"),

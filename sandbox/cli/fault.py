@@ -6,11 +6,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlClient
+from sandbox.fakehw.live import Change, next_state
 from sandbox.fakehw.scenario import (
     Action,
     PodHealth,
@@ -19,7 +21,8 @@ from sandbox.fakehw.scenario import (
     load_scenario,
     run_scenario,
 )
-from sandbox.fakehw.tree import Reason
+from sandbox.fakehw.states import state_from_json
+from sandbox.fakehw.tree import DeviceState, Reason
 from sandbox.runtimes.base import Runtime
 from sandbox.session import find_session
 from sandbox.textui import table
@@ -92,6 +95,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("--progress", type=float, default=5.0, metavar="S",
                    help="say how far the scenario is on stderr every S seconds, during long "
                    "waits too (default 5; 0: never)")
+    rs = verbs.add_parser(
+        "reset", help="put devices back as the profile starts them",
+        description="Put a node's devices (or one device) back in the state the sandbox's "
+        "profile starts them in: plugged in (or not), healthy (or the profile's own fault), "
+        "the profile's SR-IOV VF count. Each device that changes is one ordinary change "
+        "(plug, health, set-vfs), seen by plugins as any fault is; one line per device. "
+        "Reads the sandbox's profile, so it takes --name, not --socket.")
+    rs.add_argument("node")
+    rs.add_argument("device", nargs="?", help="only this device (default: every device)")
     k = verbs.add_parser("restart-kubelet", help="restart the node's kubelet, then wait until "
                          "the plugins registered before have registered again")
     k.add_argument("node")
@@ -102,8 +114,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _client(args: argparse.Namespace, node: str | None) -> ControlClient:
-    if args.socket is not None:
-        return ControlClient(args.socket)
+    if args.socket is not None:  # the server refuses a node it does not serve
+        return ControlClient(args.socket, node=node)
     session = find_session(args.name)
     if node is None:
         node = next(iter(session.nodes), None)
@@ -122,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
                                 args.timeout)
     if action == "list":
         return _list(args)
+    if action == "reset":
+        return _reset(args)
     node = getattr(args, "node", None)
     scenario, pod_health = None, None
     if action == "run":  # every problem with the file or the sandbox before anything runs
@@ -156,13 +170,77 @@ def run(args: argparse.Namespace) -> int:
             return 0 if result.ok else 1
         else:  # pragma: no cover - argparse restricts the choices
             raise SandboxError(f"unknown fault action {action!r}")
-    state = reply.get("state", {})
     what = "no change" if not reply.get("changed", True) else "done"
-    desc = "unplugged" if not state.get("plugged", True) else state.get("health", "?")
+    print(f"{node}/{args.device}: {_describe(reply.get('state', {}))} [{what}]")
+    return 0
+
+
+def _describe(state: dict[str, Any]) -> str:
+    desc = "unplugged" if not state.get("plugged", True) else str(state.get("health", "?"))
     if state.get("reason"):
         desc += f" ({state['reason']})"
-    print(f"{node}/{args.device}: {desc} [{what}]")
+    ports = state.get("port_vfs") or {}
+    if ports:
+        desc += ", VFs " + ", ".join(f"port {p}: {n}" for p, n in sorted(ports.items()))
+        if state.get("num_vfs") is not None:
+            desc += f", other ports: {state['num_vfs']}"
+    elif state.get("num_vfs") is not None:
+        desc += f", {state['num_vfs']} VFs"
+    return desc
+
+
+def _reset(args: argparse.Namespace) -> int:
+    if args.socket is not None:
+        raise SandboxError("fault reset puts devices back as the sandbox's profile starts "
+                           "them; --socket has no profile (use --name)")
+    from sandbox.agent import initial_states
+    from sandbox.profile import load_profile
+
+    session = find_session(args.name)
+    sock = session.socket(args.node)  # raises naming the known nodes
+    spec = load_profile(str(session.record.get("profile"))).cluster.node(args.node)
+    if spec is None:
+        raise SandboxError(f"node {args.node!r} is not in the profile "
+                           f"{session.record.get('profile')}")
+    starts = initial_states(spec)
+    vfs = {d.id: sriov.num_vfs for d in spec.devices
+           if (sriov := d.nic or d.gpu) is not None and sriov.total_vfs}
+    with ControlClient(sock) as client:
+        devices = client.devices()
+        if args.device is not None and args.device not in devices:
+            raise SandboxError(f"{args.node}: no device {args.device!r} (have "
+                               f"{', '.join(sorted(devices))})")
+        for dev in [args.device] if args.device else sorted(devices):
+            now = state_from_json(devices[dev].get("state"), dev)
+            changed = False
+            for step in _reset_steps(dev, now, starts.get(dev, DeviceState()), vfs.get(dev)):
+                changed |= bool(step(client).get("changed", True))
+            state = client.devices()[dev].get("state", {})
+            print(f"{args.node}/{dev}: {_describe(state)} [{'done' if changed else 'no change'}]")
     return 0
+
+
+def _reset_steps(dev: str, now: DeviceState, start: DeviceState, num_vfs: int | None,
+                 ) -> list[Callable[[ControlClient], dict[str, Any]]]:
+    """The changes that take device ``dev`` from ``now`` back to ``start`` (the profile's
+    state), in an order the server's rules allow (``next_state``): plugged in first (a
+    plug of a device that fell off the bus also heals it), then its health, then unplugged
+    if the profile starts it so, then its VF count (``num_vfs``: the profile's; None: no
+    SR-IOV)."""
+    steps: list[Callable[[ControlClient], dict[str, Any]]] = []
+    cur = now
+    if not cur.plugged and start.plugged:
+        steps.append(lambda c: c.plug(dev))
+        cur = next_state(cur, Change("plug", dev))
+    if (cur.health, cur.reason) != (start.health, start.reason):
+        reason = start.reason.value if start.reason else None
+        steps.append(lambda c: c.health(dev, start.health.value, reason))
+        cur = next_state(cur, Change("health", dev, health=start.health, reason=start.reason))
+    if cur.plugged and not start.plugged:
+        steps.append(lambda c: c.unplug(dev))
+    if num_vfs is not None and (now.port_vfs or now.num_vfs not in (None, num_vfs)):
+        steps.append(lambda c: c.set_vfs(dev, num_vfs))
+    return steps
 
 
 def _pod_health(args: argparse.Namespace, scenario: Scenario) -> PodHealth | None:
@@ -225,7 +303,7 @@ class _Progress:
 
 def _list(args: argparse.Namespace) -> int:
     if args.socket is not None:
-        nodes = {"-": args.socket}
+        nodes = {args.node or "-": args.socket}
     else:
         session = find_session(args.name)
         nodes = {n: session.socket(n) for n in session.nodes if args.node in (None, n)}
@@ -234,8 +312,11 @@ def _list(args: argparse.Namespace) -> int:
     rows = []
     data = {}
     for node, sock in nodes.items():
-        with ControlClient(sock) as client:
-            devices = client.devices()
+        with ControlClient(sock, node=None if node == "-" else node) as client:
+            reply = client.get()
+        devices = {d["id"]: d for d in reply["devices"]}
+        if node == "-" and isinstance(reply.get("node"), str) and reply["node"].isprintable():
+            node = reply["node"]  # what the server behind --socket says it serves
         data[node] = devices
         for dev_id, info in devices.items():
             state = info.get("state", {})

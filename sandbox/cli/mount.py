@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from sandbox.agent import run_node, spawn_node
+from sandbox.agent import resolve_node, run_node, spawn_node
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlPaths, control_paths
 from sandbox.fakehw.devnodes import STAND_IN, check_map
@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         if profile == STDIN:
             raise SandboxError("mount --daemon cannot read the profile from standard input "
                                "(the server it leaves running reads it again): give a file")
+        if profile is not None:  # a wrong node is said here, not by the server's log
+            resolve_node(profile, args.node, args.index)
         if args.pid_file is not None:
             check_target(args.pid_file, force=True)  # before a server is left running
         paths = control_paths(root, args.state_dir)  # a socket path too long: say so here

@@ -206,6 +206,10 @@ class ControlServer:
             rid = None
         try:
             req = parse_request(obj)
+            served = self._info.get("node")
+            if req.node is not None and served is not None and req.node != served:
+                raise ControlError(f"{req.op}: node: this server serves node {served!r}, "
+                                   f"not {req.node!r}")
             if req.op == "get":
                 return self._get(req), False
             if req.op == "watch":

@@ -54,9 +54,13 @@ class ControlClient:
     ``send_line`` return the raw reply instead (for tests and tools)."""
 
     def __init__(
-        self, socket_path: str | os.PathLike[str], *, timeout: float | None = 30.0
+        self, socket_path: str | os.PathLike[str], *, timeout: float | None = 30.0,
+        node: str | None = None,
     ) -> None:
+        """``node``: the node meant; sent with every request, so that a server serving
+        another node refuses instead of changing it."""
         self.socket_path = Path(socket_path)
+        self.node = node
         check_socket_path(self.socket_path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.settimeout(timeout)
@@ -109,11 +113,17 @@ class ControlClient:
         """Send ``op`` with ``fields``; return the reply or raise ControlError."""
         self._next_id += 1
         rid = self._next_id
-        reply = self.call({"v": PROTOCOL_VERSION, "op": op, "id": rid, **fields})
+        request = {"v": PROTOCOL_VERSION, "op": op, "id": rid, **fields}
+        if self.node is not None:
+            request["node"] = self.node
+        reply = self.call(request)
         if not reply["ok"]:
             if reply.get("id") is not None and not _is_id(reply["id"], rid):
                 raise self._impostor(f"{op} reply: the id of another request")
-            raise ControlError(f"{op}: {_one_line(reply['error'])}")
+            error = _one_line(reply["error"])
+            if not error.startswith((f"{op}:", f"{op} ")):  # the server may say it already
+                error = f"{op}: {error}"
+            raise ControlError(error)
         problem = _ok_reply_problem(op, fields, reply, rid)
         if problem is not None:
             raise self._impostor(f"{op} reply: {problem}")

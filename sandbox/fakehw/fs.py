@@ -409,6 +409,7 @@ async def serve(
     dev_map: tuple[int, int] | None = None,
     allow_dev: bool = False,
     fsname: str = FSNAME,
+    node: str | None = None,
     task_status: trio.TaskStatus[ControlPaths] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Mount the live tree at ``root`` and serve it and its control socket.
@@ -417,7 +418,8 @@ async def serve(
     use). Saved states (``control_paths(root, state_dir).state``) override
     ``initial_states``. ``dev_map=(1, 3)`` reports every device node (block ones too) as a
     character device of that major:minor; ``allow_dev`` mounts with ``dev`` so such nodes
-    can be opened (opening reaches the REAL driver of the reported major:minor). Calls
+    can be opened (opening reaches the REAL driver of the reported major:minor). ``node``:
+    the node's name, which the control API's ``get`` reports (clients check it). Calls
     ``task_status.started(paths)`` once mounted and listening; returns after the mount is
     unmounted from outside (``fusermount3 -u``) or on SIGTERM/SIGINT (unmounting itself).
     Must be run in the main thread of a trio program that serves nothing else.
@@ -444,7 +446,8 @@ async def serve(
         live,
         on_diff=ops.invalidate,
         state_file=paths.state,
-        info={"mount": str(mountpoint), "pid": os.getpid()},
+        info={"mount": str(mountpoint), "pid": os.getpid(),
+              **({"node": node} if node is not None else {})},
     )
     try:
         pyfuse3.init(ops, str(mountpoint), _mount_options(fsname, allow_dev))

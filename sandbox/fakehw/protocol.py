@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,9 @@ SUN_PATH_MAX = 107  # bytes in a unix socket path: sun_path is 108 with its NUL
 MAX_DIGITS = 20  # integers in a request (ids, num_vfs) or a reply (seq, pid) are small
 MAX_DEPTH = 8  # requests are flat objects; deeper JSON is refused before it is decoded
 MAX_REPLY_DEPTH = 16  # a `get` reply nests 4 levels
-_COMMON_KEYS = frozenset({"v", "op", "id"})
+# "node": the node the client means; a server serving another refuses the request
+_COMMON_KEYS = frozenset({"v", "op", "id", "node"})
+MAX_NODE_NAME = 253  # a Kubernetes node name
 _OP_KEYS: dict[str, frozenset[str]] = {
     "get": frozenset(),
     "watch": frozenset(),
@@ -83,6 +85,7 @@ class Request:
     op: str
     id: str | int | None
     change: Change | None
+    node: str | None = None
 
 
 def parse_request(obj: object) -> Request:
@@ -104,6 +107,14 @@ def parse_request(obj: object) -> Request:
     extra = set(obj) - _COMMON_KEYS - _OP_KEYS[op]
     if extra:
         raise ControlError(f"{op}: unexpected field(s) {', '.join(sorted(extra))}")
+    node = obj.get("node")
+    if node is not None and not (isinstance(node, str) and 0 < len(node) <= MAX_NODE_NAME
+                                 and node.isprintable()):
+        raise ControlError(f"{op}: node: expected a node name")
+    return replace(_parse_op(obj, op, rid), node=node)
+
+
+def _parse_op(obj: dict[str, Any], op: str, rid: str | int | None) -> Request:
     if op in ("get", "watch"):
         return Request(op, rid, None)
     device = obj.get("device")

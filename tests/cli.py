@@ -1,0 +1,52 @@
+"""Running the installed ``sandbox`` console script in tests, as a user types it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def console_script() -> Path:
+    """The ``sandbox`` that ``pip install`` put beside this interpreter."""
+    script = Path(sys.executable).parent / "sandbox"
+    if not script.is_file():
+        pytest.fail(f"no console script at {script}: install the project into this "
+                    "interpreter's environment (pip install -e '.[test]', or run the tests "
+                    "with scripts/test)", pytrace=False)
+    return script
+
+
+def state_roots() -> Iterator[Path]:
+    """For a ``state_root`` fixture: a fresh state root (HWSANDBOX_STATE_DIR) whose
+    sandboxes are taken down at the end, even those a failed test left."""
+    d = Path(tempfile.mkdtemp(prefix="hws-", dir="/tmp"))  # short: socket paths
+    try:
+        yield d
+    finally:
+        for record in d.glob("*/sandbox.json"):  # a failed test must not leak a sandbox
+            subprocess.run([str(console_script()), "down", "--name", record.parent.name],
+                           env=_env(d), capture_output=True, check=False, timeout=120)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _env(state_root: Path | None = None, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, **extra)
+    if state_root is not None:
+        env["HWSANDBOX_STATE_DIR"] = str(state_root)
+    return env
+
+
+def sandbox(*args: str, stdin: str | None = None, cwd: Path = REPO,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(console_script()), *args], input=stdin, text=True,
+                          capture_output=True, check=False, timeout=120, cwd=cwd,
+                          env=env or _env())
