@@ -1,16 +1,5 @@
-"""`sandbox dra slices|config PROFILE`: what the reference DRA driver would publish;
-`sandbox dra claims`: what a running sandbox's claims hold and what is left.
-
-``slices`` renders the node's fake root to a temporary directory and runs the driver's own
-discovery and slice building on it (no cluster); ``config`` prints the driver config
-(``--config`` of ``python -m hwplugins.dra``) that carries the GPU models' memory and
-partition schemes, which real drivers learn from NVML rather than sysfs. ``claims`` reads
-the cluster's ResourceClaims and ResourceSlices: which pod's claim holds which device or
-partition, and per GPU counter set and per consumable capacity (a NIC's bandwidth) how
-much is used and left, as a table, JSON or a picture (``-o svg|png``, drawn by
-``sandbox.draw.claims_svg``). All of it comes from ``sandbox.dra``; this module only
-parses arguments and prints.
-"""
+"""`sandbox dra slices|config PROFILE` and `sandbox dra claims` (see ``DESCRIPTION``).
+Everything comes from ``sandbox.dra``; this module only parses arguments and prints."""
 
 from __future__ import annotations
 
@@ -30,10 +19,25 @@ from sandbox.profile import PROFILE_HELP, load_profile
 from sandbox.session import find_session
 from sandbox.textui import table
 
+DESCRIPTION = """\
+What our reference DRA driver (hwplugins.dra) would publish for a profile, and what a
+running sandbox's claims hold.
+
+  sandbox dra slices PROFILE   the ResourceSlices, from the driver's own discovery run on
+                               a rendered copy of the node's tree (no cluster needed)
+  sandbox dra config PROFILE   the driver config (GPU memory and partition schemes, which
+                               real drivers learn from NVML rather than sysfs)
+  sandbox dra claims           on a running sandbox (native or kind): which pod's claim
+                               holds which device or partition, and what is left of each
+                               GPU's counters and each NIC's bandwidth (-o svg|png: a
+                               picture for slides)
+"""
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("dra", help="what the reference DRA driver would publish",
-                       description=__doc__)  # fmt: skip
+                       description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     verbs = p.add_subparsers(dest="dra_command", metavar="WHAT", required=True)
     s = verbs.add_parser("slices", help="print the ResourceSlices as YAML")
     c = verbs.add_parser("config", help="print the driver config (GPU memory, partitions)")
@@ -45,7 +49,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     s.add_argument("--skip-node-operations", metavar="TYPES", default="",
                    help="comma-separated device types for the control plane only "
                    "(needs DRAOptionalNodeOperations)")
-    c.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    for q in (s, c):
+        q.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
+                       help="yaml (default; slices: one document per slice) or json (slices: "
+                       "a list)")
     u = verbs.add_parser("claims", help="on a running sandbox: which claim holds which device "
                          "or partition, and what is left of each GPU's counters and each "
                          "NIC's bandwidth")
@@ -77,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise SandboxError(f"--skip-node-operations: unknown type(s) {', '.join(unknown)} "
                            f"(known: {', '.join(TYPES)})")  # fmt: skip
-    yaml.safe_dump_all(node_slices(node, args.compatibility_groups, skip), sys.stdout,
-                       sort_keys=False)  # fmt: skip
+    slices = node_slices(node, args.compatibility_groups, skip)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(list(slices), indent=2) + "\n")
+    else:
+        yaml.safe_dump_all(slices, sys.stdout, sort_keys=False)
     return 0
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlClient
@@ -28,6 +31,8 @@ from sandbox.session import find_session
 from sandbox.textui import table
 
 REASONS = [r.value for r in Reason]
+NODE_HELP = "the node (replica) name, as `sandbox fault list` and `sandbox status` show it"
+DEVICE_HELP = "the device's id from the profile (gpu0, nic1...: `sandbox show PROFILE`)"
 RUN_EPILOG = """\
 An expectation is either the state of devices, as `sandbox fault list` shows it:
     - {at: 9, expect: {gpu0: {plugged: true}, gpu1: {health: unhealthy}}}
@@ -60,8 +65,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     verbs = p.add_subparsers(dest="fault", metavar="ACTION", required=True)
 
     h = verbs.add_parser("health", help="mark a device healthy or unhealthy")
-    h.add_argument("node")
-    h.add_argument("device")
+    h.add_argument("node", help=NODE_HELP)
+    h.add_argument("device", help=DEVICE_HELP)
     h.add_argument("health", choices=("healthy", "unhealthy"))
     h.add_argument("--reason", choices=REASONS,
                    help="how it shows: aer-fatal (PCI AER counters), link-down (net operstate), "
@@ -70,20 +75,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "Xid 63, 64, 94, 95; AER counters as aer-fatal); default aer-fatal")
     for name, text in (("unplug", "hot-unplug a device"), ("plug", "plug a device back")):
         q = verbs.add_parser(name, help=text)
-        q.add_argument("node")
-        q.add_argument("device")
+        q.add_argument("node", help=NODE_HELP)
+        q.add_argument("device", help=DEVICE_HELP)
     v = verbs.add_parser("set-vfs", help="change a device's number of SR-IOV VFs")
-    v.add_argument("node")
-    v.add_argument("device")
-    v.add_argument("num_vfs", type=int)
+    v.add_argument("node", help=NODE_HELP)
+    v.add_argument("device", help=DEVICE_HELP)
+    v.add_argument("num_vfs", type=int, help="the new count, 0..sriov_totalvfs")
     v.add_argument("--port", type=int, metavar="N",
                    help="only physical function N (0-based) of a multi-port card, as the "
                    "kernel has one sriov_numvfs per function; default: every port")
     ls = verbs.add_parser("list", help="devices and their state, per node")
-    ls.add_argument("node", nargs="?")
-    ls.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    ls.add_argument("node", nargs="?", help="only this node (default: every node)")
+    ls.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     w = verbs.add_parser("watch", help="print change events of a node as JSON lines")
-    w.add_argument("node")
+    w.add_argument("node", help=NODE_HELP)
     r = verbs.add_parser(
         "run", help="run a fault scenario (timeline, storms, expectations)",
         description="Run a fault scenario file (see sandbox.fakehw.scenario): changes at "
@@ -92,6 +97,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     r.add_argument("scenario", type=Path)
     r.add_argument("--node", help="node to run it on (default: the first)")
     r.add_argument("--speed", type=float, default=1.0, help="time multiplier (2 = twice as fast)")
+    r.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text",
+                   help="json/yaml: every expectation with its result, for CI (progress "
+                   "stays on stderr)")
     r.add_argument("--progress", type=float, default=5.0, metavar="S",
                    help="say how far the scenario is on stderr every S seconds, during long "
                    "waits too (default 5; 0: never)")
@@ -102,11 +110,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "the profile's SR-IOV VF count. Each device that changes is one ordinary change "
         "(plug, health, set-vfs), seen by plugins as any fault is; one line per device. "
         "Reads the sandbox's profile, so it takes --name, not --socket.")
-    rs.add_argument("node")
+    rs.add_argument("node", help=NODE_HELP)
     rs.add_argument("device", nargs="?", help="only this device (default: every device)")
     k = verbs.add_parser("restart-kubelet", help="restart the node's kubelet, then wait until "
                          "the plugins registered before have registered again")
-    k.add_argument("node")
+    k.add_argument("node", help=NODE_HELP)
     k.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="how long to wait for the plugins to register again (default 30; "
                    "exit 1 if they have not)")
@@ -162,10 +170,15 @@ def run(args: argparse.Namespace) -> int:
                                   on_action=progress.applied, on_wait=progress.waiting,
                                   wait_slice=min(1.0, args.progress) if args.progress > 0 else 1.0,
                                   pod_health=pod_health)
+            met = len(result.checks) - len(result.failures)
+            if args.output != "text":
+                _dump({"ok": result.ok, "applied": len(result.applied), "met": met,
+                       "expectations": [{"ok": c.ok, "line": str(c), **dataclasses.asdict(c)}
+                                        for c in result.checks]}, args.output)
+                return 0 if result.ok else 1
             for check in result.checks:
                 print(check)
-            print(f"{len(result.applied)} change(s) applied, "
-                  f"{len(result.checks) - len(result.failures)} of {len(result.checks)} "
+            print(f"{len(result.applied)} change(s) applied, {met} of {len(result.checks)} "
                   "expectation(s) met")
             return 0 if result.ok else 1
         else:  # pragma: no cover - argparse restricts the choices
@@ -173,6 +186,17 @@ def run(args: argparse.Namespace) -> int:
     what = "no change" if not reply.get("changed", True) else "done"
     print(f"{node}/{args.device}: {_describe(reply.get('state', {}))} [{what}]")
     return 0
+
+
+def _dump(data: Any, output: str) -> None:
+    """``data`` as JSON or YAML on stdout (mappings and tuples made plain first)."""
+    plain = json.loads(json.dumps(data, default=lambda o: dict(o) if hasattr(o, "keys")
+                                  else str(o)))
+    if output == "json":
+        json.dump(plain, sys.stdout, indent=2)
+        print()
+    else:
+        yaml.safe_dump(plain, sys.stdout, sort_keys=False)
 
 
 def _describe(state: dict[str, Any]) -> str:
@@ -323,9 +347,8 @@ def _list(args: argparse.Namespace) -> int:
             health = "unplugged" if not state.get("plugged", True) else state.get("health")
             rows.append((node, dev_id, info.get("kind", ""), info.get("pci_address", ""),
                          info.get("numa_node", ""), health, state.get("reason") or ""))
-    if args.output == "json":
-        json.dump(data, sys.stdout, indent=2)
-        print()
+    if args.output != "table":
+        _dump(data, args.output)
     else:
         print(table(("NODE", "DEVICE", "KIND", "PCI ADDRESS", "NUMA", "HEALTH", "REASON"), rows))
     return 0

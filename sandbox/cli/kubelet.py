@@ -11,6 +11,8 @@ The status file's format and its reader and writer are ``sandbox.kubelet.status`
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import shutil
 import signal
 import subprocess
@@ -19,6 +21,8 @@ import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
+
+import yaml
 
 from sandbox.errors import KubeletError, SandboxError
 from sandbox.kubelet import DeviceManager, Snapshot, check
@@ -92,6 +96,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument(
         "--log", action="store_true", help="also print the protocol log and the plugin's output"
     )
+    c.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text",
+                   help="json/yaml: every check with its status and message, the protocol "
+                   "log and the plugin's output")
     c.add_argument("plugin", nargs=argparse.REMAINDER, metavar="-- PLUGIN-CMD...")
     c.set_defaults(func=run)
 
@@ -171,6 +178,16 @@ def _check(args: argparse.Namespace) -> int:
                        restart_within=args.restart_within)  # fmt: skip
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if args.output != "text":
+        data = {"passed": report.passed,
+                "checks": [dataclasses.asdict(r) for r in report.results],
+                "events": [dataclasses.asdict(e) for e in report.events],
+                "plugin_output": report.plugin_output}
+        if args.output == "json":
+            print(json.dumps(data, indent=2))
+        else:
+            yaml.safe_dump(data, sys.stdout, sort_keys=False)
+        return 0 if report.passed else 1
     print(report)
     if args.log or not report.passed:
         print("\n--- protocol log ---")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(/var/lib/hw-sandbox/root on the node).",
     )
     verbs = p.add_subparsers(dest="plugins", metavar="ACTION", required=True)
-    verbs.add_parser("list", help="what is bundled, what each shows, which profile suits it")
+    ls = verbs.add_parser("list", help="what is bundled, what each shows, which profile suits it")
+    ls.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     show = verbs.add_parser("show", help="print a plugin's manifest")
     show.add_argument("plugin")
     deploy = verbs.add_parser("deploy", help="apply a plugin's manifest to a running sandbox")
@@ -36,7 +38,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.plugins == "list":
         rows = [(p.name, p.kind, p.profiles, p.shows) for p in PLUGINS]
-        print(table(("NAME", "KIND", "SUITS", "WHAT IT SHOWS"), rows))
+        if args.output == "table":
+            print(table(("NAME", "KIND", "SUITS", "WHAT IT SHOWS"), rows))
+            return 0
+        data = [dict(zip(("name", "kind", "suits", "shows"), r, strict=True)) for r in rows]
+        if args.output == "json":
+            print(json.dumps(data, indent=2))
+        else:
+            yaml.safe_dump(data, sys.stdout, sort_keys=False)
         return 0
     plugin = find_plugin(args.plugin)
     if args.plugins == "show":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from sandbox.errors import RenderError
 from sandbox.fakehw.build import build_tree
@@ -51,6 +52,10 @@ def run(args: argparse.Namespace) -> int:
         node = found
     if args.real_numbers and not args.mknod:
         raise RenderError("--real-numbers needs --mknod")
+    if args.mknod and os.geteuid() != 0:
+        raise RenderError("--mknod makes real device nodes, which needs root (sudo); "
+                          "without --mknod they are empty placeholder files listed in "
+                          "DIR/dev/.devices")
     stats = render(build_tree(node), args.out, mknod=args.mknod, force=args.force,
                    real_numbers=args.real_numbers)
     kind = "device nodes" if stats.mknod else "device placeholders (see dev/.devices)"

@@ -316,6 +316,9 @@ def _failed(exc: BaseException, runtime: Runtime, state_dir: Path, lock: StateLo
         return exc  # a bug: its traceback is wanted
     if full:
         hint = f" (the state root {state_dir.parent} is full){hint}"
+    elif "(sun_path)" in str(exc):  # check_socket_path's words
+        hint = (f"{hint}. The fix: a shorter state root, e.g. HWSANDBOX_STATE_DIR=/tmp/hws "
+                f"(now {state_dir.parent}, {len(os.fsencode(state_dir.parent))} bytes)")
     if isinstance(exc, RuntimeBackendError):
         return SandboxError(f"sandbox up failed at step {exc.step!r}: {exc.message}{hint}")
     if isinstance(exc, OSError):

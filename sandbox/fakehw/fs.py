@@ -400,6 +400,16 @@ def _mount_options(fsname: str, allow_dev: bool) -> set[str]:
     return opts
 
 
+def _check_fuse_device(mountpoint: os.PathLike[str]) -> None:
+    """MountError naming the fix where /dev/fuse cannot be opened (else libfuse prints its
+    own line and we a second, "fuse_session_mount failed")."""
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        why = "is missing" if not os.path.exists("/dev/fuse") else "is not open to this user"
+        raise MountError(f"{mountpoint}: cannot mount: /dev/fuse {why}; run as root (sudo), "
+                         "or where FUSE is available (modprobe fuse; a container needs "
+                         "--device /dev/fuse)")
+
+
 async def serve(
     root: str | os.PathLike[str],
     rebuild: Rebuild,
@@ -425,9 +435,11 @@ async def serve(
     Must be run in the main thread of a trio program that serves nothing else.
     """
     mountpoint = check_mount_root(root)
+    _check_fuse_device(mountpoint)
     recover_mount(mountpoint)
     if mounted_fstype(mountpoint) is not None:
-        raise MountError(f"{mountpoint}: already mounted (run `sandbox down` first)")
+        raise MountError(f"{mountpoint}: already mounted; unmount it with `fusermount3 -u "
+                         f"{mountpoint}` (a sandbox's: `sandbox down --name NAME`)")
     mountpoint.mkdir(parents=True, exist_ok=True)
     paths = control_paths(mountpoint, state_dir)
     paths.socket.parent.mkdir(parents=True, exist_ok=True)
@@ -452,7 +464,8 @@ async def serve(
     try:
         pyfuse3.init(ops, str(mountpoint), _mount_options(fsname, allow_dev))
     except RuntimeError as exc:
-        raise MountError(f"{mountpoint}: mount failed: {exc}") from exc
+        hint = "" if os.geteuid() == 0 else " (run as root, e.g. with sudo)"
+        raise MountError(f"{mountpoint}: mount failed: {exc}{hint}") from exc
     stopped_by_us = False
 
     async def stop_on_signal(*, task_status: trio.TaskStatus[None]) -> None:

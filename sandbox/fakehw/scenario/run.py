@@ -57,8 +57,19 @@ class Check:
         )
 
     def __str__(self) -> str:
-        verdict = "ok" if self.ok else f"FAILED, got {self.actual}"
-        return f"steps[{self.step}] at {self.at:g}s: {self.device} {dict(self.expected)}: {verdict}"
+        got = "no such device" if self.actual is None else _fields(self.actual)
+        verdict = "ok" if self.ok else f"FAILED, got {got}"
+        return f"steps[{self.step}] at {self.at:g}s: {self.device} {_fields(self.expected)}: " \
+            f"{verdict}"
+
+
+def _fields(state: Mapping[str, Any]) -> str:
+    """``health unhealthy, reason aer-fatal, plugged true``: a state as the scenario file
+    spells it (YAML's true/false/null), not as a Python dict."""
+    def word(v: Any) -> str:
+        return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+    return ", ".join(f"{k} {word(v)}" for k, v in state.items())
 
 
 @dataclass(frozen=True)

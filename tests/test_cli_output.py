@@ -1,0 +1,169 @@
+"""Issue 26: `-o json|yaml` on the read verbs that had none (plugins list, dra slices,
+kubelet check, fault run, fault list), the `dra` help a user reads, and one-line errors
+that name the fix (non-root render --mknod and mount, a live mount, a state root too long
+for a unix socket), through the installed console script on real servers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli import REPO, _env, sandbox, state_roots
+from tests.fakehw_toy import require_fuse
+
+NODE = "net-worker"  # profiles/sriov-rdma.yaml
+
+
+@pytest.fixture
+def state_root() -> Iterator[Path]:
+    yield from state_roots()
+
+
+@pytest.fixture
+def mounted() -> Iterator[tuple[Path, Path]]:
+    """A `sandbox mount --daemon` server of 8gpu-2numa's node: (root, control socket)."""
+    require_fuse()
+    d = Path(tempfile.mkdtemp(prefix="hwso-", dir="/tmp"))
+    out = sandbox("mount", "8gpu-2numa", str(d / "root"), "--node", "gpu-worker", "--daemon")
+    assert out.returncode == 0, out.stderr
+    try:
+        yield d / "root", d / "root.sock"
+    finally:
+        subprocess.run(["fusermount3", "-u", str(d / "root")], check=False, capture_output=True)
+        subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def test_plugins_list_as_data() -> None:
+    table = sandbox("plugins", "list").stdout.splitlines()
+    listed = json.loads(sandbox("plugins", "list", "-o", "json").stdout)
+    assert [p["name"] for p in listed] == [line.split()[0] for line in table[1:]]
+    assert set(listed[0]) == {"name", "kind", "suits", "shows"}
+    assert yaml.safe_load(sandbox("plugins", "list", "-o", "yaml").stdout) == listed
+
+
+def test_dra_slices_as_json() -> None:
+    docs = list(yaml.safe_load_all(sandbox("dra", "slices", "mig-partitions").stdout))
+    out = sandbox("dra", "slices", "mig-partitions", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == docs
+    assert all(d["kind"] == "ResourceSlice" for d in docs)
+
+
+def test_dra_help_is_for_users() -> None:
+    out = sandbox("dra", "--help").stdout
+    assert "sandbox dra slices PROFILE" in out
+    assert "``" not in out, out  # no developer docstring
+    assert "sandbox.dra" not in out, out
+    health = sandbox("fault", "health", "--help").stdout
+    assert "the device's id from the profile" in health, health
+
+
+def test_fault_run_as_json(mounted: tuple[Path, Path], tmp_path: Path) -> None:
+    _root, sock = mounted
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("version: 1\nsteps:\n"
+                        "  - {at: 0, do: health, device: gpu1, health: unhealthy, "
+                        "reason: aer-fatal}\n"
+                        "  - {at: 0.1, expect: {gpu1: {health: unhealthy, plugged: true}}}\n"
+                        "  - {at: 0.2, expect: {gpu2: {plugged: false}}}\n")
+    out = sandbox("fault", "--socket", str(sock), "run", str(scenario), "-o", "json",
+                  "--progress", "0")
+    assert out.returncode == 1, out.stderr  # the last expectation does not hold
+    data = json.loads(out.stdout)
+    assert (data["ok"], data["applied"], data["met"]) == (False, 1, 1)
+    first, second = data["expectations"]
+    assert first["ok"] is True
+    assert first["line"] == "steps[1] at 0.1s: gpu1 health unhealthy, plugged true: ok"
+    assert second["ok"] is False
+    assert second["expected"] == {"plugged": False}
+    assert second["line"].startswith("steps[2] at 0.2s: gpu2 plugged false: FAILED, got "
+                                     "health healthy, reason null, plugged true")
+    text = sandbox("fault", "--socket", str(sock), "run", str(scenario), "--progress", "0")
+    assert "{" not in text.stdout, text.stdout  # no Python reprs
+    assert yaml.safe_load(sandbox("fault", "--socket", str(sock), "list", "-o",
+                                  "yaml").stdout)["gpu-worker"]["gpu1"]["state"]["health"] \
+        == "unhealthy"
+
+
+def test_kubelet_check_as_json(mounted: tuple[Path, Path]) -> None:
+    root, sock = mounted
+    fault = f"{sys.executable} -m sandbox fault --socket {sock} health gpu-worker gpu2 " \
+        "unhealthy --reason aer-fatal"
+    out = sandbox("kubelet", "check", "-o", "json", "--restart-within", "2", "--fault", fault,
+                  "--", sys.executable, "-m", "hwplugins.deviceplugin", "--root", str(root),
+                  "--kubelet-dir", "{kubelet_dir}", "--interval", "0.2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(out.stdout)
+    assert data["passed"] is True
+    statuses = {c["name"]: c["status"] for c in data["checks"]}
+    assert statuses["health-update"] == "pass", data["checks"]
+    assert statuses["allocate"] == "pass"
+    assert any(e["kind"] == "register" for e in data["events"]), data["events"][:5]
+
+
+def test_render_mknod_as_a_user_names_the_fix(tmp_path: Path) -> None:
+    tmp_path.chmod(0o777)
+    out = _as_nobody("render", "mig-single", "--out", str(tmp_path / "out"), "--mknod",
+                     cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr == ("error: --mknod makes real device nodes, which needs root (sudo); "
+                          "without --mknod they are empty placeholder files listed in "
+                          "DIR/dev/.devices\n")
+    assert not (tmp_path / "out").exists()
+
+
+def test_mount_as_a_user_names_the_fix(tmp_path: Path) -> None:
+    tmp_path.chmod(0o777)
+    out = _as_nobody("mount", "mig-single", str(tmp_path / "root"), "--node", "mig-worker",
+                     cwd=tmp_path)
+    assert out.returncode == 1
+    assert out.stderr == (f"error: {tmp_path / 'root'}: cannot mount: /dev/fuse is not open "
+                          "to this user; run as root (sudo), or where FUSE is available "
+                          "(modprobe fuse; a container needs --device /dev/fuse)\n")
+
+
+def test_a_live_mount_names_the_fix(mounted: tuple[Path, Path]) -> None:
+    root, _sock = mounted
+    again = sandbox("mount", "8gpu-2numa", str(root), "--node", "gpu-worker")
+    assert again.returncode == 1
+    assert again.stderr == (f"error: {root}: already mounted; unmount it with `fusermount3 "
+                            f"-u {root}` (a sandbox's: `sandbox down --name NAME`)\n")
+
+
+def test_a_state_root_too_long_for_a_socket_names_the_fix() -> None:
+    require_fuse()
+    long_root = Path(tempfile.mkdtemp(prefix="hws-" + "x" * 80, dir="/tmp"))
+    try:
+        out = sandbox("up", "8gpu-2numa", "--runtime", "local", env=_env(long_root))
+        assert out.returncode == 1
+        [line] = [x for x in out.stderr.splitlines() if x.startswith("error:")]
+        assert "(sun_path) holds at most 107 bytes" in line, line
+        assert line.endswith(f"The fix: a shorter state root, e.g. HWSANDBOX_STATE_DIR=/tmp/hws "
+                             f"(now {long_root}, {len(str(long_root))} bytes)"), line
+        assert list(long_root.iterdir()) == []
+    finally:
+        subprocess.run(["rm", "-rf", str(long_root)], check=False)
+
+
+def _as_nobody(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The console script run as the user nobody (setpriv, util-linux)."""
+    script = Path(sys.executable).parent / "sandbox"
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           str(script), *args], cwd=cwd, text=True, capture_output=True,
+                          check=False, timeout=60, env=_env())
+
+
+def test_the_repo_is_readable_by_a_user() -> None:
+    """The two tests above run the checkout's code as nobody: say so if it cannot."""
+    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                            sys.executable, "-c", "import sandbox.cli"], cwd="/",
+                           capture_output=True, text=True, check=False, env=_env())
+    assert probe.returncode == 0, (f"user nobody cannot import the sandbox from {REPO} "
+                                   f"(make the checkout world-readable): {probe.stderr}")
