@@ -58,6 +58,7 @@ VERBS = {
     "kubelet": "a kubelet stand-in: serve, or check a device plugin's protocol",
     "dra": "what the reference DRA driver would publish",
     "plugins": "bundled device plugin and DRA driver manifests",
+    "completion": "print a shell completion script (bash, zsh, fish)",
 }
 
 
@@ -68,7 +69,9 @@ def _chosen_verb(argv: Sequence[str]) -> str | None:
     return None
 
 
-def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = (), every_verb: bool = False) -> argparse.ArgumentParser:
+    """The parser for ``argv``: only the verb it names is imported and registered whole
+    (every verb with ``every_verb``, for `sandbox completion`)."""
     import argparse
     import importlib
     import importlib.util
@@ -90,7 +93,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     for verb, summary in VERBS.items():
         if importlib.util.find_spec(f"sandbox.cli.{verb}") is None:
             continue  # not built yet
-        if verb != chosen:
+        if verb != chosen and not every_verb:
             sub.add_parser(verb, help=summary, add_help=False)
             continue
         try:
