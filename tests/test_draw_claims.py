@@ -9,12 +9,14 @@ real cluster, and that the picture shows it: tests/dra/test_claims_view.py.
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sandbox.dra import node_slices, quantity, usage
+from sandbox.dra import Allocated, Left, Usage, node_slices, quantity, usage
 from sandbox.draw import claims_svg, svg_to_png
 from sandbox.profile import load_profile
+from tests.test_draw_layout import check_layout, png_size
 
 ROOT = Path(__file__).resolve().parent.parent
 SVG = "{http://www.w3.org/2000/svg}"
@@ -52,7 +54,9 @@ def test_claims_picture_shows_holders_and_what_is_left() -> None:
               _claim("bw-b", "bw-b", nics.name, nic, "20G"),
               _claim("cp-vf", "cp-vf", nics.name, vf)]
     use = usage(slices, claims)
-    picture = ET.fromstring(claims_svg(use, title="DRA claims"))
+    svg = claims_svg(use, title="DRA claims")
+    check_layout(svg)
+    picture = ET.fromstring(svg)
 
     drawn = {(g.get("data-claim"), g.get("data-pod"), g.get("data-device")): g
              for g in picture.iter(f"{SVG}g") if g.get("class") == "claim"}
@@ -88,8 +92,32 @@ def test_claims_picture_shows_holders_and_what_is_left() -> None:
 
     png = svg_to_png(claims_svg(use))
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert png_size(svg_to_png(claims_svg(use, scale=1.5)))[0] == 1350  # 900 wide at 1
+
+
+def test_long_names_stay_apart_and_inside_their_cards() -> None:
+    long = "inference-server-with-a-rather-long-deployment-name-7d9f8c6b5-x2x4z"
+    owner = f"gpu-{long}-counter-set"
+    use = Usage(
+        allocated=tuple(Allocated(f"default/{long}-claim-{i}", (f"default/{long}-{i}",),
+                                  f"request-{long}", DRIVER, f"node-{long}", f"{owner}-{i}",
+                                  (("memory", "1000000Gi"), (f"counter-{long}", "12345")),
+                                  (owner,)) for i in range(3)),
+        counters=(Left(f"node-{long}", owner, f"counter-{long}", Decimal(10**12),
+                       Decimal(10**12 - 1)),
+                  Left(f"node-{long}", owner, "memory", Decimal(2**60), Decimal(0))),
+        capacity=())
+    svg = claims_svg(use, title=f"DRA claims: sandbox {long}")
+    check_layout(svg)
+    picture = ET.fromstring(svg)
+    assert {g.get("data-pod") for g in picture.iter(f"{SVG}g") if g.get("class") == "claim"
+            } == {f"default/{long}-{i}" for i in range(3)}
+    assert [g.get("data-owner") for g in picture.iter(f"{SVG}g")
+            if g.get("class") == "card"] == [owner]
 
 
 def test_an_empty_cluster_draws_a_note() -> None:
-    picture = ET.fromstring(claims_svg(usage([], [])))
+    svg = claims_svg(usage([], []))
+    check_layout(svg)
+    picture = ET.fromstring(svg)
     assert "no ResourceSlices and no allocated claims" in _texts(picture)

@@ -106,8 +106,8 @@ def _claims(args: argparse.Namespace) -> int:
                                "or kind")
     use = read_usage(str(kubeconfig))
     if args.output in ("svg", "png"):
-        write_picture(claims_svg(use, title=f"DRA claims: {title}"), args.output, args.file,
-                      args.force)
+        write_picture(claims_svg(use, title=f"DRA claims: {title}", scale=args.scale),
+                      args.output, args.file, args.force)
         return 0
     if args.output == "json":
         json.dump(dataclasses.asdict(use), sys.stdout, indent=2, default=str)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sandbox.draw import DeviceView, svg_to_png, topology_svg
+from sandbox.draw import DeviceView, NodeView, ResourceView, svg_to_png, topology_svg
 from sandbox.errors import SandboxError
 from sandbox.outfile import check_target, write_file
 from sandbox.podhealth import PodDeviceHealth, device_names, read_sandbox_pod_health
@@ -64,8 +64,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "status",
         help="show nodes, devices per NUMA node, health, capacity vs allocatable, and which "
         "pod holds which devices and CPUs",
-        description="Show a running sandbox. --output svg|png draws its topology (NUMA nodes,\n"
-        "CPUs, PCI, devices coloured by health, who holds them) for slides and workshops.",
+        description="Show a running sandbox. --output svg|png draws it as a 16:9 slide: per node\n"
+        "its Ready state and each resource's capacity and allocatable, NUMA nodes, CPUs, PCI,\n"
+        "devices coloured by their live health, their VF counts and who holds them.",
         epilog=EXPLAIN,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -79,13 +80,28 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def add_file_arguments(p: argparse.ArgumentParser) -> None:
-    """``--file`` and ``--force`` of a command that draws svg/png (status, dra claims)."""
+    """``--file``, ``--force`` and ``--scale`` of a command that draws svg/png (status, dra
+    claims)."""
     p.add_argument("-f", "--file", metavar="FILE",
                    help="write svg/png here (default: stdout): a new regular file renamed "
                    "into place; a directory, FIFO, device, socket or symbolic link there "
                    "is refused")
     p.add_argument("--force", action="store_true",
                    help="replace an existing --file (a regular file, never a link)")
+    p.add_argument("--scale", type=_scale, metavar="N",
+                   help="svg/png: output pixels per unit of the drawing, where no text is "
+                   "smaller than 12 px at 1 (default: as large as fits 1920x1080, at least 1)")
+
+
+def _scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0.1 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number from 0.1 to 10, "
+                                         "e.g. 1.5")
+    return value
 
 
 def check_picture_file(args: argparse.Namespace) -> None:
@@ -357,17 +373,32 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text(status, cluster, "/".join(pod) if pod else None, health))
         return ready
     assert cluster is not None  # _profile raises for a picture
-    unhealthy = {n: pod_unhealthy(entries) for n, entries in (health or {}).items()}
-    views = {
-        n.name: {d.id: DeviceView(d.health, d.reason, d.allocated_to,
-                                  unhealthy.get(n.name, {}).get(d.id, ""))
-                 for d in n.devices}
-        for n in status.nodes
-    }
-    svg = topology_svg(cluster.nodes, views, title=f"{status.name} ({status.runtime})",
-                       cpus={n.name: held_cpus(n) for n in status.nodes})
-    write_picture(svg, args.output, args.file, args.force)
+    write_picture(picture_svg(status, cluster, health, args.scale), args.output, args.file,
+                  args.force)
     return 0
+
+
+def picture_svg(status: SandboxStatus, cluster: Cluster,
+                health: Mapping[str, Sequence[PodDeviceHealth]] | None = None,
+                scale: float | None = None) -> str:
+    """``-o svg``: the profile's nodes as ``status`` finds them now; a device ``status``
+    does not list (its node's server did not answer) is drawn as "state unknown"."""
+    unhealthy = {n: pod_unhealthy(entries) for n, entries in (health or {}).items()}
+    views: dict[str, dict[str, DeviceView]] = {}
+    for n in status.nodes:
+        spec = cluster.node(n.name)
+        views[n.name] = {d.id: DeviceView("unknown") for d in spec.devices} if spec else {}
+        for d in n.devices:
+            views[n.name][d.id] = DeviceView(
+                d.health, d.reason, d.allocated_to, unhealthy.get(n.name, {}).get(d.id, ""),
+                num_vfs=d.num_vfs, port_vfs=tuple(sorted(d.port_vfs.items())))
+    live = {n.name: NodeView(n.ready, tuple(ResourceView(r.resource, r.capacity,
+                                                         r.allocatable, r.by_numa)
+                                            for r in n.resources), tuple(n.notes))
+            for n in status.nodes}
+    return topology_svg(cluster.nodes, views, title=f"{status.name} ({status.runtime})",
+                        cpus={n.name: held_cpus(n) for n in status.nodes}, live=live,
+                        scale=scale)
 
 
 def write_picture(svg: str, output: str, file: str | None, force: bool = False) -> None:

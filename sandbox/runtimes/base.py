@@ -84,6 +84,9 @@ class DeviceStatus:
     health: str  # healthy | unhealthy | unplugged
     reason: str | None = None
     allocated_to: str | None = None
+    # SR-IOV VFs as set live (None: the profile's count); per port where set apart
+    num_vfs: int | None = None
+    port_vfs: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -147,9 +150,11 @@ def device_statuses(devices: dict[str, dict[str, Any]]) -> list[DeviceStatus]:
     for dev_id, dev in devices.items():
         state = dev.get("state", {})
         health = "unplugged" if not state.get("plugged", True) else str(state.get("health"))
+        ports = state.get("port_vfs") or {}
         out.append(DeviceStatus(dev_id, dev.get("kind", ""), dev.get("model", ""),
                                 int(dev.get("numa_node", -1)), dev.get("pci_address", ""),
-                                health, state.get("reason")))
+                                health, state.get("reason"), num_vfs=state.get("num_vfs"),
+                                port_vfs={int(p): int(n) for p, n in ports.items()}))
     return out
 
 
