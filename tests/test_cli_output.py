@@ -6,9 +6,12 @@ for a unix socket), through the installed console script on real servers."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +170,42 @@ def test_the_repo_is_readable_by_a_user() -> None:
                            capture_output=True, text=True, check=False, env=_env())
     assert probe.returncode == 0, (f"user nobody cannot import the sandbox from {REPO} "
                                    f"(make the checkout world-readable): {probe.stderr}")
+
+
+def test_status_watch_and_exit_code(state_root: Path) -> None:
+    """`status -o json --watch` prints a line when something changed (a fault), and
+    `status` exits 1 once one of the sandbox's processes is gone (here: the plugin)."""
+    require_fuse()
+    env = _env(state_root)
+    up = sandbox("up", "mig-single", "--runtime", "local", env=env)
+    assert up.returncode == 0, up.stderr
+    script = Path(sys.executable).parent / "sandbox"
+    with subprocess.Popen([str(script), "status", "-o", "json", "--watch", "0.2"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as watch:
+        try:
+            assert watch.stdout is not None
+            first = json.loads(watch.stdout.readline())
+            assert first["nodes"][0]["down"] == []
+            fault = sandbox("fault", "health", "mig-worker", "gpu1", "unhealthy", env=env)
+            assert fault.returncode == 0, fault.stderr
+            second = json.loads(watch.stdout.readline())  # printed because it changed
+            health = {d["id"]: d["health"] for d in second["nodes"][0]["devices"]}
+            assert health["gpu1"] == "unhealthy"
+            watch.send_signal(signal.SIGINT)
+            assert watch.wait(timeout=30) == 0
+        finally:
+            if watch.poll() is None:
+                watch.kill()
+    assert sandbox("status", env=env).returncode == 0
+    record = json.loads((state_root / "mig-single" / "sandbox.json").read_text())
+    plugin = int(record["nodes"]["mig-worker"]["procs"]["plugin"]["pid"])
+    os.kill(plugin, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{plugin}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    status = sandbox("status", "-o", "json", env=env)
+    assert status.returncode == 1, status.stdout
+    assert json.loads(status.stdout)["nodes"][0]["down"] == ["plugin"]
+    refused = sandbox("status", "--watch", "-o", "svg", env=env)
+    assert refused.returncode == 1
+    assert refused.stderr == "error: --watch prints tables or JSON lines, not pictures\n"

@@ -5,8 +5,11 @@ pod-resources API, ``sandbox.podresources``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -67,11 +70,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description="Show a running sandbox. --output svg|png draws it as a 16:9 slide: per node\n"
         "its Ready state and each resource's capacity and allocatable, NUMA nodes, CPUs, PCI,\n"
         "devices coloured by their live health, their VF counts and who holds them.",
-        epilog=EXPLAIN,
+        epilog=EXPLAIN + "\nExit code: 1 when a node is not Ready or one of the sandbox's "
+        "processes is not\nrunning (every output), else 0.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--name", help="which sandbox (default: the only one running)")
     p.add_argument("-o", "--output", choices=("table", "json", "svg", "png"), default="table")
+    p.add_argument("-w", "--watch", nargs="?", const=2.0, type=float, metavar="S",
+                   help="look again every S seconds (default 2) and print the status each "
+                   "time it changed (-o json: one line each) until Ctrl-C")
     p.add_argument("--pod", metavar="NAMESPACE/NAME",
                    help="only this pod's allocations, asked with the kubelet's Get RPC "
                    "(NAME alone: namespace default); an error if no node's kubelet knows it")
@@ -353,11 +360,41 @@ def _profile(status: SandboxStatus, needed: bool, wanted: bool = False) -> Clust
 
 def run(args: argparse.Namespace) -> int:
     check_picture_file(args)
+    if args.watch is not None:
+        if args.output not in ("table", "json"):
+            raise SandboxError("--watch prints tables or JSON lines, not pictures")
+        if args.watch <= 0:
+            raise SandboxError(f"--watch {args.watch:g}: the interval must be above 0 seconds")
+        return _watch(args)
+    return _once(args)
+
+
+def _watch(args: argparse.Namespace) -> int:
+    """``status`` again every ``args.watch`` seconds, printed when it changed (a table
+    under a time line; JSON as one line), until Ctrl-C; the last exit code."""
+    last, code = None, 0
+    try:
+        while True:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = _once(args, compact=True)
+            if out.getvalue() != last:
+                last = out.getvalue()
+                if args.output == "table":
+                    print(f"--- {time.strftime('%H:%M:%S')} ---")
+                print(last, end="", flush=True)
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return code
+
+
+def _once(args: argparse.Namespace, compact: bool = False) -> int:
     pod = parse_pod(args.pod) if args.pod else None
     session = find_session(args.name)
     runtime = runtime_for(session.runtime)
     status = runtime.status(session.state_dir)
-    ready = 0 if all(n.ready for n in status.nodes) else 1  # scripts can test the status
+    # scripts can test the status: 1 when a node is not Ready or a process of ours is down
+    ready = 0 if all(n.ready and not n.down for n in status.nodes) else 1
     if pod is not None:
         only_pod(runtime, session.state_dir, status, *pod)
     picture = args.output in ("svg", "png")
@@ -366,7 +403,7 @@ def run(args: argparse.Namespace) -> int:
     mark_holders(status, cluster)
     health = read_health(str(kubeconfig) if kubeconfig else None, status, cluster, pod)
     if args.output == "json":
-        json.dump(to_json(status, health), sys.stdout, indent=2)
+        json.dump(to_json(status, health), sys.stdout, indent=None if compact else 2)
         print()
         return ready
     if args.output == "table":
@@ -375,7 +412,7 @@ def run(args: argparse.Namespace) -> int:
     assert cluster is not None  # _profile raises for a picture
     write_picture(picture_svg(status, cluster, health, args.scale), args.output, args.file,
                   args.force)
-    return 0
+    return ready
 
 
 def picture_svg(status: SandboxStatus, cluster: Cluster,

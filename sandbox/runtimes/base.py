@@ -96,6 +96,8 @@ class NodeStatus:
     devices: list[DeviceStatus] = field(default_factory=list)
     resources: list[ResourceStatus] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # what of ours runs for this node but is not running now (the notes say more)
+    down: list[str] = field(default_factory=list)
     # What the node's real kubelet decided (its pod-resources API: ``add_pod_resources``);
     # allocatable None: not asked (no real kubelet) or it did not answer (see notes).
     allocations: list[Allocation] = field(default_factory=list)

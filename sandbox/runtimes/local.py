@@ -148,6 +148,7 @@ class LocalRuntime:
             for what, proc in procs.items():
                 if not proc.running():
                     node.ready = False
+                    node.down.append(what)
                     node.notes.append(f"{what} process {proc.pid} is not running "
                                       f"(log {proc.log})")
             if not (procs.get("kubelet") and procs["kubelet"].running()) and node.resources:

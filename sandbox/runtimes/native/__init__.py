@@ -314,7 +314,8 @@ class NativeRuntime:
                                runtime=self.name, profile=str(record.get("profile", "")))
         for name, info in record.get("nodes", {}).items():
             node = node_status(layout, name)
-            add_devices(node, Path(info["socket"]))
+            if not add_devices(node, Path(info["socket"])):
+                node.down.append("fake hardware server")
             add_pod_resources(node, self.pod_resources_socket(state_dir, name))
             result.nodes.append(node)
         return result

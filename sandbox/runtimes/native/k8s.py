@@ -65,8 +65,10 @@ def node_status(layout: Layout, name: str) -> NodeStatus:
     status = NodeStatus(name=name, ready=False)
     for proc in ORDER:
         if running(layout, proc) is None:
+            status.down.append(proc)
             status.notes.append(f"{proc} is not running (log {layout.logs / (proc + '.log')})")
     if (layout.run / "dra-driver.pid").exists() and running(layout, "dra-driver") is None:
+        status.down.append("dra-driver")
         status.notes.append(f"the DRA driver is not running (log {layout.logs / 'dra-driver.log'})")
     api = _client(layout)
     try:
