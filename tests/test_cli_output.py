@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sandbox.fakehw.devnodes import HARMLESS
 from tests.cli import REPO, _env, sandbox, state_roots
 from tests.fakehw_toy import require_fuse
 
@@ -209,3 +211,34 @@ def test_status_watch_and_exit_code(state_root: Path) -> None:
     refused = sandbox("status", "--watch", "-o", "svg", env=env)
     assert refused.returncode == 1
     assert refused.stderr == "error: --watch prints tables or JSON lines, not pictures\n"
+
+
+def test_mount_dev_dir_makes_stand_ins_and_takes_them_away(tmp_path: Path) -> None:
+    """Issue 21 item 2 through the real server: `sandbox mount --dev-dir D` (what the kind
+    agent runs) fills D with harmless root-only stand-ins, never the tree's 195:N or
+    259:N, and the server removes them when it is unmounted."""
+    require_fuse()
+    d = Path(tempfile.mkdtemp(prefix="hwsdd-", dir="/tmp"))
+    dev = d / "dev"
+    dev.mkdir()
+    try:
+        out = sandbox("mount", "8gpu-2numa", str(d / "root"), "--node", "gpu-worker",
+                      "--dev-dir", str(dev), "--daemon")
+        assert out.returncode == 0, out.stderr
+        made = {str(p.relative_to(dev)): p.lstat() for p in dev.rglob("*") if not p.is_dir()}
+        assert {"nvidia0", "nvidia7", "nvidiactl", "nvme0", "nvme0n1"} <= set(made), made
+        for name, st in made.items():
+            assert stat.S_ISCHR(st.st_mode), name  # nvme0n1 is a block device in the tree
+            assert (os.major(st.st_rdev), os.minor(st.st_rdev)) in HARMLESS, name
+            assert stat.S_IMODE(st.st_mode) & ~0o660 == 0, (name, oct(st.st_mode))
+            assert st.st_uid == 0, name
+        seen = os.stat(d / "root" / "dev" / "nvidia3")  # the FUSE view keeps its numbers
+        assert (os.major(seen.st_rdev), os.minor(seen.st_rdev)) == (195, 3)
+        subprocess.run(["fusermount3", "-u", str(d / "root")], check=True)
+        deadline = time.monotonic() + 20
+        while any(dev.iterdir()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert list(dev.iterdir()) == [], "the server leaves what it made in its dev dir"
+    finally:
+        subprocess.run(["fusermount3", "-u", str(d / "root")], check=False, capture_output=True)
+        subprocess.run(["rm", "-rf", str(d)], check=False)

@@ -5,9 +5,11 @@ Profiles are generated with the names a profile controls drawn from the model's 
 patterns (devNode names, drivers, labels, device name prefixes), so separators, dots and
 ``{i}`` appear wherever they are allowed. For each accepted profile: every tree entry name
 is one plain component and its path stays below the root, every symlink resolves below
-the root, and every device node the agent would mknod stays below its dev dir. Every 50th
-accepted profile is also rendered for real (with ``--mknod``) next to a canary directory
-that must stay untouched.
+the root, and every device node the agent would mknod stays below its dev dir and is,
+by the one policy both creators use (``devnodes.real_node``), a harmless character device
+of mode <= 0660 whatever numbers the profile chose. Every 50th accepted profile is also
+rendered for real (with ``--mknod``, root-owned nodes checked on disk) next to a canary
+directory that must stay untouched.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from hypothesis import strategies as st
 from sandbox.agent import create_device_nodes, device_nodes, remove_device_nodes
 from sandbox.errors import ProfileError
 from sandbox.fakehw.build import build_tree
-from sandbox.fakehw.devnodes import HARMLESS
+from sandbox.fakehw.devnodes import HARMLESS, real_node
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import Symlink, check_component
 from sandbox.profile import load_profile_text
@@ -57,8 +59,15 @@ nics = st.fixed_dictionaries({
 }, optional={"ports": st.integers(1, 2), "linkLayer": st.sampled_from(["ethernet", "infiniband"]),
              "sriov": st.fixed_dictionaries({"totalVFs": st.integers(1, 3)}), "name": dns})
 fpgas = st.fixed_dictionaries({
-    "type": st.just("fpga"), "vendor": st.just("intel"), "model": st.just("pac-a10"),
+    "type": st.just("fpga"), "vendor": st.just("intel"),
+    "model": st.sampled_from(["pac-a10", "pac-d5005", "pac-n3000"]),
+}, optional={"count": st.integers(1, 2)}) | st.fixed_dictionaries({
+    "type": st.just("fpga"), "vendor": st.just("xilinx"),
+    "model": st.sampled_from(["alveo-u200", "alveo-u250"]),
 })
+nvmes = st.fixed_dictionaries({  # block device nodes (259:N)
+    "type": st.just("nvme"), "vendor": st.just("samsung"), "model": st.just("pm1733"),
+}, optional={"count": st.integers(1, 2)})
 generics = st.fixed_dictionaries({
     "type": st.just("generic"),
     "vendorId": st.integers(0, 0xFFFF),
@@ -80,7 +89,7 @@ def profiles(draw: st.DrawFn) -> str:
         "cpu": {"sockets": draw(st.integers(1, 2)), "coresPerSocket": draw(st.integers(1, 4)),
                 "threadsPerCore": draw(st.integers(1, 2))},
         "labels": draw(st.dictionaries(label_keys, label_values, max_size=2)),
-        "devices": draw(st.lists(gpus | nics | fpgas | generics, max_size=4)),
+        "devices": draw(st.lists(gpus | nics | fpgas | nvmes | generics, max_size=4)),
     }
     doc = {"apiVersion": m.API_VERSION, "kind": m.KIND, "metadata": {"name": draw(dns)},
            "nodes": [node]}
@@ -129,8 +138,14 @@ def _paths_stay_inside_the_root(text: str) -> None:
                 assert not entry.target.startswith("/"), (rel, entry.target)
                 target = posixpath.join(posixpath.dirname(full), entry.target)
                 assert _inside(ROOT, target), (rel, entry.target)
-        for rel, _dev in device_nodes(tree):
+        for rel, dev in device_nodes(tree):
             assert _inside("/dev-dir", f"/dev-dir/{rel}"), rel
+            # the one policy (devnodes.real_node) for every node render --mknod and a
+            # runtime's device dir make: a harmless character device, <= 0660
+            ftype, rdev, mode = real_node(dev)
+            assert ftype == stat.S_IFCHR, rel
+            assert (os.major(rdev), os.minor(rdev)) in HARMLESS, (rel, dev.major, dev.minor)
+            assert mode & ~0o660 == 0, (rel, oct(mode))
         if accepted[0] % 50 == 1:
             _render_for_real(tree)
 
