@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from sandbox.capture import capture, write_capture
+from sandbox.capture.reading import shown
 from sandbox.outfile import check_target
 
 
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output != "-":
         node = result.profile["nodes"][0]
         devices = sum(d.get("count", 1) for d in node["devices"])
-        print(f"captured {args.root} to {args.output}: {node['cpu']['sockets']} socket(s), "
+        print(f"captured {shown(str(args.root))} to {shown(str(args.output))}: "
+              f"{node['cpu']['sockets']} socket(s), "
               f"{len(node['numa']['nodes'])} NUMA node(s), {devices} device(s); "
               f"{len(result.left_out)} note(s) on what was left out in its header")
     return 0
