@@ -22,3 +22,20 @@ def size(n: int) -> str:
             value = n / factor
             return f"{value:.0f}{unit}" if value == int(value) else f"{value:.1f}{unit}"
     return f"{n}B"
+
+
+def dump(data: object, output: str) -> None:
+    """``data`` on stdout as ``output`` says: "json" (indented) or "yaml" (keys in their
+    order); mappings and tuples made plain first, anything else as its text."""
+    import json
+    import sys
+
+    import yaml
+
+    plain = json.loads(json.dumps(data, default=lambda o: dict(o) if hasattr(o, "keys")
+                                  else str(o)))
+    if output == "json":
+        json.dump(plain, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        yaml.safe_dump(plain, sys.stdout, sort_keys=False)

@@ -178,11 +178,13 @@ def test_up_by_name_and_from_stdin_then_list(state_root: Path) -> None:
     assert list(state_root.iterdir()) == []
 
 
-def test_a_failed_up_from_stdin_leaves_nothing(state_root: Path) -> None:
-    text = (REPO / "profiles" / "mig-single.yaml").read_text()
-    bad = sandbox("up", "-", "--runtime", "native", "--feature-gates", "A=true", stdin=text,
-                  env=_env(state_root))
-    assert bad.returncode != 0
+def test_a_bad_profile_on_stdin_stops_up_before_anything(state_root: Path) -> None:
+    text = (REPO / "profiles" / "mig-single.yaml").read_text().replace("sockets: 2",
+                                                                       "sockets: two", 1)
+    bad = sandbox("up", "-", "--runtime", "local", stdin=text, env=_env(state_root))
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("error: <stdin>:"), bad.stderr
+    assert "cpu.sockets" in bad.stderr, bad.stderr
     assert list(state_root.iterdir()) == []
 
 

@@ -9,8 +9,6 @@ the live ones; the VF counts are also read back from the node's mounted /sys.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli import state_roots
 from tests.fakehw_toy import require_fuse
 from tests.test_draw_layout import SVG, check_layout, png_size, smallest_text
 from tests.test_local_runtime import sandbox
@@ -26,14 +25,7 @@ from tests.test_local_runtime import sandbox
 
 @pytest.fixture
 def state_root() -> Iterator[Path]:
-    # gRPC unix socket paths must stay short: no pytest tmp_path here.
-    d = Path(tempfile.mkdtemp(prefix="hws-", dir="/tmp"))
-    try:
-        yield d
-    finally:
-        for record in d.glob("*/sandbox.json"):  # a failed test must not leak a sandbox
-            sandbox(d, "down", "--name", record.parent.name)
-        shutil.rmtree(d, ignore_errors=True)
+    yield from state_roots()
 
 
 def _json(root: Path) -> dict[str, Any]:

@@ -11,8 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sandbox.errors import SandboxError
 from sandbox.fakehw.control import ControlClient
 from sandbox.fakehw.live import Change, next_state
@@ -28,7 +26,7 @@ from sandbox.fakehw.states import state_from_json
 from sandbox.fakehw.tree import DeviceState, Reason
 from sandbox.runtimes.base import Runtime
 from sandbox.session import find_session
-from sandbox.textui import table
+from sandbox.textui import dump, table
 
 REASONS = [r.value for r in Reason]
 NODE_HELP = "the node (replica) name, as `sandbox fault list` and `sandbox status` show it"
@@ -172,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
                                   pod_health=pod_health)
             met = len(result.checks) - len(result.failures)
             if args.output != "text":
-                _dump({"ok": result.ok, "applied": len(result.applied), "met": met,
+                dump({"ok": result.ok, "applied": len(result.applied), "met": met,
                        "expectations": [{"ok": c.ok, "line": str(c), **dataclasses.asdict(c)}
                                         for c in result.checks]}, args.output)
                 return 0 if result.ok else 1
@@ -186,17 +184,6 @@ def run(args: argparse.Namespace) -> int:
     what = "no change" if not reply.get("changed", True) else "done"
     print(f"{node}/{args.device}: {_describe(reply.get('state', {}))} [{what}]")
     return 0
-
-
-def _dump(data: Any, output: str) -> None:
-    """``data`` as JSON or YAML on stdout (mappings and tuples made plain first)."""
-    plain = json.loads(json.dumps(data, default=lambda o: dict(o) if hasattr(o, "keys")
-                                  else str(o)))
-    if output == "json":
-        json.dump(plain, sys.stdout, indent=2)
-        print()
-    else:
-        yaml.safe_dump(plain, sys.stdout, sort_keys=False)
 
 
 def _describe(state: dict[str, Any]) -> str:
@@ -348,7 +335,7 @@ def _list(args: argparse.Namespace) -> int:
             rows.append((node, dev_id, info.get("kind", ""), info.get("pci_address", ""),
                          info.get("numa_node", ""), health, state.get("reason") or ""))
     if args.output != "table":
-        _dump(data, args.output)
+        dump(data, args.output)
     else:
         print(table(("NODE", "DEVICE", "KIND", "PCI ADDRESS", "NUMA", "HEALTH", "REASON"), rows))
     return 0

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shutil
 import signal
 import subprocess
@@ -22,11 +21,10 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-import yaml
-
 from sandbox.errors import KubeletError, SandboxError
 from sandbox.kubelet import DeviceManager, Snapshot, check
 from sandbox.kubelet.status import write_status
+from sandbox.textui import dump
 
 RESTART_SIGNALS = ("SIGHUP", "SIGUSR1", "SIGUSR2")
 
@@ -179,14 +177,10 @@ def _check(args: argparse.Namespace) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if args.output != "text":
-        data = {"passed": report.passed,
-                "checks": [dataclasses.asdict(r) for r in report.results],
-                "events": [dataclasses.asdict(e) for e in report.events],
-                "plugin_output": report.plugin_output}
-        if args.output == "json":
-            print(json.dumps(data, indent=2))
-        else:
-            yaml.safe_dump(data, sys.stdout, sort_keys=False)
+        dump({"passed": report.passed,
+              "checks": [dataclasses.asdict(r) for r in report.results],
+              "events": [dataclasses.asdict(e) for e in report.events],
+              "plugin_output": report.plugin_output}, args.output)
         return 0 if report.passed else 1
     print(report)
     if args.log or not report.passed:

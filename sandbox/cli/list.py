@@ -4,14 +4,11 @@ asked anything: `sandbox status --name NAME` does that)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-
-import yaml
 
 from sandbox.runtimes.base import StateBusy, StateLock, default_state_root
 from sandbox.session import list_sessions
-from sandbox.textui import table
+from sandbox.textui import dump, table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,12 +43,8 @@ def rows() -> list[dict[str, object]]:
 
 def run(args: argparse.Namespace) -> int:
     found = rows()
-    if args.output == "json":
-        json.dump(found, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-        return 0
-    if args.output == "yaml":
-        yaml.safe_dump(found, sys.stdout, sort_keys=False)
+    if args.output in ("json", "yaml"):
+        dump(found, args.output)
         return 0
     if not found:
         print("no sandboxes; start one with `sandbox up 8gpu-2numa`", file=sys.stderr)

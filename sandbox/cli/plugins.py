@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +12,7 @@ import yaml
 from sandbox.catalog import PLUGINS, find_plugin
 from sandbox.errors import CommandError, SandboxError
 from sandbox.session import find_session
-from sandbox.textui import table
+from sandbox.textui import dump, table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,11 +40,8 @@ def run(args: argparse.Namespace) -> int:
         if args.output == "table":
             print(table(("NAME", "KIND", "SUITS", "WHAT IT SHOWS"), rows))
             return 0
-        data = [dict(zip(("name", "kind", "suits", "shows"), r, strict=True)) for r in rows]
-        if args.output == "json":
-            print(json.dumps(data, indent=2))
-        else:
-            yaml.safe_dump(data, sys.stdout, sort_keys=False)
+        dump([dict(zip(("name", "kind", "suits", "shows"), r, strict=True)) for r in rows],
+             args.output)
         return 0
     plugin = find_plugin(args.plugin)
     if args.plugins == "show":

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-
-import yaml
 
 from sandbox.errors import ProfileError
 from sandbox.profile import load_profile
 from sandbox.profile.bundled import bundled
-from sandbox.textui import table
+from sandbox.textui import dump, table
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -45,11 +41,8 @@ def rows() -> list[dict[str, object]]:
 
 def run(args: argparse.Namespace) -> int:
     found = rows()
-    if args.output == "json":
-        json.dump(found, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    elif args.output == "yaml":
-        yaml.safe_dump(found, sys.stdout, sort_keys=False)
+    if args.output in ("json", "yaml"):
+        dump(found, args.output)
     else:
         headers = ["NAME", "NODES", "DEVICES", "DESCRIPTION"]
         if args.output == "wide":
