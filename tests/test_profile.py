@@ -108,14 +108,27 @@ def test_cli_show_8gpu_has_four_gpus_per_numa_node() -> None:
         assert all("NVIDIA H100" in g for g in gpus)
 
 
-def test_cli_show_json_is_the_defaulted_model() -> None:
+def test_cli_show_json_is_the_defaulted_profile() -> None:
     result = sandbox("show", "-o", "json", "profiles/8gpu-2numa.yaml")
     data = json.loads(result.stdout)
+    assert (data["apiVersion"], data["kind"]) == ("hwsandbox.dev/v1alpha1", "HardwareProfile")
     node = data["nodes"][0]
+    assert [n["id"] for n in node["numa"]["nodes"]] == [0, 1]
+    assert [n["cpus"] for n in node["numa"]["nodes"]] == ["0-15,32-47", "16-31,48-63"]
+    gpus = [d for d in node["devices"] if d["type"] == "gpu"]
+    assert sum(d["count"] for d in gpus) == 8
+    assert {(d["vendor"], d["model"], d["memory"]) for d in gpus} == {
+        ("nvidia", "h100-sxm5-80gb", "80Gi")}
+
+
+def test_cli_show_spec_is_the_resolved_model() -> None:
+    result = sandbox("show", "-o", "spec", "profiles/8gpu-2numa.yaml")
+    node = json.loads(result.stdout)["spec"]["nodes"][0]
     assert [n["id"] for n in node["numa"]] == [0, 1]
     gpus = [d for d in node["devices"] if d["kind"] == "gpu"]
     assert len(gpus) == 8
-    assert {d["functions"][0]["vendor_id"] for d in gpus} == {0x10DE}
+    pci = {f["address"]: f for f in node["pci"]}
+    assert {pci[d["functions"][0]]["vendor_id"] for d in gpus} == {0x10DE}
     assert all(d["uuid"].startswith("GPU-") for d in gpus)
 
 

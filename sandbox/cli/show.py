@@ -10,7 +10,8 @@ import yaml
 
 from sandbox.errors import SandboxError
 from sandbox.profile import PROFILE_HELP, load_profile, spec
-from sandbox.profile.show import cluster_data, cluster_text
+from sandbox.profile.defaults import defaulted_profile
+from sandbox.profile.show import cluster_text
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -19,8 +20,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="summarise a profile: NUMA nodes, CPUs, memory, devices",
         description="Print each node of the profile: its NUMA nodes with their CPUs and "
         "memory, and the devices attached to each with their stable ids (gpu0, nic1...) "
-        "and PCI addresses. --output json|yaml prints the fully defaulted model; --output "
-        "spec the resolved spec file (docs/spec-format.md) that `sandbox mount --spec` "
+        "and PCI addresses. --output yaml|json prints the profile with every default "
+        "stated (CPU lists, memory per NUMA node, host bridges, device memory, ports...): "
+        "a profile `sandbox validate` accepts that renders the same tree. --output spec "
+        "prints the resolved spec file (docs/spec-format.md) that `sandbox mount --spec` "
         "serves: the whole cluster, or one node with --node.",
     )
     p.add_argument("profile", metavar="PROFILE", help=PROFILE_HELP)
@@ -31,7 +34,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cluster = load_profile(args.profile).cluster
+    loaded = load_profile(args.profile)
+    cluster = loaded.cluster
     if args.node is not None or args.index is not None:
         if args.output != "spec":
             raise SandboxError("--node and --index go with --output spec")
@@ -43,10 +47,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.output == "spec":
         sys.stdout.write(spec.dump(cluster))
     elif args.output == "json":
-        json.dump(cluster_data(cluster), sys.stdout, indent=2)
+        json.dump(defaulted_profile(loaded.profile, cluster), sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif args.output == "yaml":
-        yaml.safe_dump(cluster_data(cluster), sys.stdout, sort_keys=False)
+        yaml.safe_dump(defaulted_profile(loaded.profile, cluster), sys.stdout,
+                       sort_keys=False)
     else:
         sys.stdout.write(cluster_text(cluster))
     return 0

@@ -7,7 +7,8 @@
 ``profile`` is the document as written (``model``); ``cluster`` is every node replica
 with every default filled in (computed by ``resolve``, typed by ``spec``), which the tree
 builder consumes. ``spec.dump``/``spec.load`` write a resolved node or cluster as JSON
-and read it back (docs/spec-format.md).
+and read it back (docs/spec-format.md); ``defaults.defaulted_profile`` writes a profile
+back as a profile with every default stated (``sandbox show -o yaml``).
 """
 
 from sandbox.profile.bundled import PROFILE_HELP

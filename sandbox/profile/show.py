@@ -1,9 +1,7 @@
-"""Human and machine views of a resolved cluster (``sandbox show``)."""
+"""The human view of a resolved cluster (``sandbox show``); the machine views are the
+fully defaulted profile (``defaults``) and the resolved spec (``spec``)."""
 
 from __future__ import annotations
-
-import dataclasses
-from typing import Any
 
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
@@ -85,20 +83,3 @@ def node_text(node: NodeSpec) -> str:
 def cluster_text(cluster: Cluster) -> str:
     head = f"profile {cluster.name}" + (f": {cluster.description}" if cluster.description else "")
     return "\n\n".join([head, *(node_text(n) for n in cluster.nodes)]) + "\n"
-
-
-def cluster_data(cluster: Cluster) -> dict[str, Any]:
-    """The fully defaulted cluster as plain data (for --output json|yaml)."""
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items() if k != "source"}
-        if isinstance(value, list | tuple):
-            return [clean(v) for v in value]
-        return value
-
-    data: dict[str, Any] = clean(dataclasses.asdict(cluster))
-    for node in data["nodes"]:
-        for key in ("labels", "cpu_manager_policy_options", "topology_manager_policy_options"):
-            node[key] = dict(node[key])
-    return data

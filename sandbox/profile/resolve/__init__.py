@@ -14,22 +14,26 @@ deterministically, one concern per module:
 
 The result is the frozen dataclasses of ``sandbox.profile.spec``. Every problem is
 collected (with the field path it belongs to) and raised together as ``ResolveFailed``.
+
+``check_device(device, loc)`` runs only the checks that read nothing but one device entry
+(its catalogue model, SR-IOV, partitions...): what the loader still checks of a device
+whose node entry did not validate, and so cannot be resolved.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sandbox.profile import model
 from sandbox.profile.resolve import cpus, limits, memory, system
-from sandbox.profile.resolve.devices import Draft
+from sandbox.profile.resolve.devices import Draft, device_model
 from sandbox.profile.resolve.kubelet import kubelet_settings
 from sandbox.profile.resolve.pci import PciPlanner
 from sandbox.profile.resolve.pcitree import plan_tree
 from sandbox.profile.resolve.replicas import replica
 from sandbox.profile.spec import Cluster, CpuSpec, Loc, NodeSpec
 
-__all__ = ["ResolveFailed", "resolve"]
+__all__ = ["ResolveFailed", "check_device", "resolve"]
 
 Problems = list[tuple[Loc, str]]
 
@@ -40,7 +44,10 @@ class ResolveFailed(Exception):
         super().__init__("; ".join(m for _, m in self.problems))
 
 
-def resolve(profile: model.Profile) -> Cluster:
+def resolve(profile: model.Profile, origin: Callable[[Loc], Loc] | None = None) -> Cluster:
+    """``origin`` maps a field path of ``profile`` to the document's, where they differ:
+    the loader resolves the parts of a document that validated, renumbered."""
+    where = origin or (lambda loc: loc)
     problems: Problems = []
     nodes: list[NodeSpec] = []
     seen_names: dict[str, int] = {}
@@ -49,7 +56,8 @@ def resolve(profile: model.Profile) -> Cluster:
         if node.name in seen_names:
             problems.append(
                 ((*loc, "name"),
-                 f"duplicate node name {node.name!r} (also nodes[{seen_names[node.name]}])")
+                 f"duplicate node name {node.name!r} (also "
+                 f"nodes[{where(('nodes', seen_names[node.name]))[1]}])")
             )
         seen_names.setdefault(node.name, i)
         nodes += _replicas(profile.metadata.name, node, loc, problems)
@@ -66,8 +74,14 @@ def resolve(profile: model.Profile) -> Cluster:
             )
         seen_replicas.add(n.name)
     if problems:
-        raise ResolveFailed(problems)
+        raise ResolveFailed([(where(loc), message) for loc, message in problems])
     return Cluster(profile.metadata.name, profile.metadata.description, tuple(nodes))
+
+
+def check_device(device: model.Device, loc: Loc) -> Problems:
+    problems: Problems = []
+    device_model(device, loc, problems)
+    return problems
 
 
 def _replicas(profile_name: str, node: model.Node, loc: Loc,

@@ -27,6 +27,9 @@ from sandbox.profile.spec import (
 _T = TypeVar("_T")
 Problems = list[tuple[Loc, str]]
 
+# A device entry's id prefix (``name``) when it states none, by type: gpu0, nic1, dev0...
+DEFAULT_NAMES = {"gpu": "gpu", "nic": "nic", "fpga": "fpga", "nvme": "nvme", "generic": "dev"}
+
 
 def _size(n: int) -> str:
     from sandbox.textui import size
@@ -80,9 +83,10 @@ class DeviceModel:
 
     @staticmethod
     def of(dev: model.Device, dloc: Loc, problems: list[tuple[Loc, str]]) -> DeviceModel | None:
+        prefix = dev.name or DEFAULT_NAMES[dev.type]
         if isinstance(dev, model.Generic):
             return DeviceModel(
-                dev.name or "dev", dev.vendor_id, dev.device_id, dev.vendor_id, 0,
+                prefix, dev.vendor_id, dev.device_id, dev.vendor_id, 0,
                 dev.class_code, 0, dev.driver, 1, 0, "8.0 GT/s PCIe", 8, dev.model,
             )
         tables: dict[str, Mapping[str, Mapping[str, object]]] = {
@@ -109,7 +113,7 @@ class DeviceModel:
                 check_partitions(dev, entry, memory, dloc, problems)
             gpu_vfs = check_sriov(dev.sriov, entry.max_vfs, entry.name, dloc, problems)
             return DeviceModel(
-                dev.name or "gpu", entry.vendor_id, entry.device_id, entry.subsystem_vendor_id,
+                prefix, entry.vendor_id, entry.device_id, entry.subsystem_vendor_id,
                 entry.subsystem_device_id, entry.class_code, 0xA1 if dev.vendor == "nvidia" else 0,
                 entry.driver, 1, gpu_vfs, entry.link_speed, entry.link_width, entry.name,
                 gpu=entry,
@@ -123,7 +127,7 @@ class DeviceModel:
                 problems.append(((*dloc, "rdma"), f"{entry.name} has no RDMA"))
             class_code = 0x020700 if dev.link_layer == "infiniband" else entry.class_code
             return DeviceModel(
-                dev.name or "nic", entry.vendor_id, entry.device_id, entry.vendor_id,
+                prefix, entry.vendor_id, entry.device_id, entry.vendor_id,
                 0x0001, class_code, 0, entry.driver, dev.ports, total, entry.link_speed,
                 entry.link_width, entry.name, nic=entry,
             )
@@ -136,7 +140,7 @@ class DeviceModel:
                      f"{dev.namespaces} namespace(s)")
                 )
             return DeviceModel(
-                dev.name or "nvme", entry.vendor_id, entry.device_id,
+                prefix, entry.vendor_id, entry.device_id,
                 entry.subsystem_vendor_id, entry.subsystem_device_id, catalogue.NVME_CLASS, 0,
                 "nvme", 1, 0, entry.link_speed, entry.link_width, entry.name, nvme=entry,
             )
@@ -148,7 +152,7 @@ class DeviceModel:
                 ((*dloc, "afuIds"), f"gives {len(dev.afu_ids)} AFU ids for {ports} ports")
             )
         return DeviceModel(
-            dev.name or "fpga", entry.vendor_id, entry.device_id, entry.vendor_id, 0,
+            prefix, entry.vendor_id, entry.device_id, entry.vendor_id, 0,
             entry.class_code, 0, entry.driver, 1, 0, "8.0 GT/s PCIe", 16, entry.name, fpga=entry,
         )
 
@@ -201,6 +205,20 @@ class DeviceModel:
             d.generic = GenericSpec(tuple(DevNodeSpec(n.name, n.major, n.minor)
                                           for n in dev.dev_nodes))
         return d
+
+
+def device_model(dev: model.Device, dloc: Loc, problems: Problems) -> DeviceModel | None:
+    """The device's model, after every check that reads nothing but the entry itself (the
+    loader still runs these on a device whose node did not validate)."""
+    if dev.health == "healthy" and dev.health_reason is not None:
+        problems.append(((*dloc, "healthReason"), "a healthReason needs health: unhealthy"))
+    if dev.pci_addresses is not None and len(dev.pci_addresses) != dev.count:
+        problems.append(
+            ((*dloc, "pciAddresses"),
+             f"gives {len(dev.pci_addresses)} addresses for count {dev.count}")
+        )
+        return None
+    return DeviceModel.of(dev, dloc, problems)
 
 
 def check_sriov(sriov: model.Sriov | None, max_vfs: int, name: str, dloc: Loc,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sandbox.profile import catalogue, model
-from sandbox.profile.resolve.devices import DeviceModel, Draft, number_minors
+from sandbox.profile.resolve.devices import DeviceModel, Draft, device_model, number_minors
 from sandbox.profile.spec import HostBridgeInfo, Loc, PciFunction
 
 
@@ -234,17 +234,7 @@ class PciPlanner:
         bad_numa = dev.numa_node >= self.numa_count
         if bad_numa:
             self.problems.append(((*dloc, "numaNode"), self._no_numa(dev.numa_node)))
-        if dev.health == "healthy" and dev.health_reason is not None:
-            self.problems.append(
-                ((*dloc, "healthReason"), "a healthReason needs health: unhealthy")
-            )
-        if dev.pci_addresses is not None and len(dev.pci_addresses) != dev.count:
-            self.problems.append(
-                ((*dloc, "pciAddresses"),
-                 f"gives {len(dev.pci_addresses)} addresses for count {dev.count}")
-            )
-            return None
-        spec = DeviceModel.of(dev, dloc, self.problems)
+        spec = device_model(dev, dloc, self.problems)
         return None if bad_numa else spec
 
     def _given_base(self, dev: model.Device, spec: DeviceModel, k: int, dloc: Loc
