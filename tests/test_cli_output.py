@@ -242,3 +242,29 @@ def test_mount_dev_dir_makes_stand_ins_and_takes_them_away(tmp_path: Path) -> No
     finally:
         subprocess.run(["fusermount3", "-u", str(d / "root")], check=False, capture_output=True)
         subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def test_validate_as_data(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "profiles" / "mig-single.yaml").read_text()
+                   .replace("sockets: 2", "sockets: two", 1))
+    out = sandbox("validate", "mig-single", str(bad), "-o", "json")
+    assert out.returncode == 1
+    good, wrong = json.loads(out.stdout)
+    assert good == {"profile": "mig-single", "ok": True, "nodes": 1, "devices": 4,
+                    "problems": []}
+    assert wrong["ok"] is False
+    [problem] = wrong["problems"]
+    assert problem["file"] == str(bad)
+    assert problem["path"] == "nodes[0].cpu.sockets"
+    assert (problem["line"], problem["column"]) == (15, 16)
+    assert yaml.safe_load(sandbox("validate", "mig-single", str(bad), "-o",
+                                  "yaml").stdout) == [good, wrong]
+    assert sandbox("validate", "mig-single", "-o", "json").returncode == 0
+
+
+def test_fault_run_help_shows_the_format() -> None:
+    out = sandbox("fault", "run", "--help").stdout
+    assert "examples/health/scenario.yaml" in out
+    assert "do: storm" in out
+    assert "sandbox.fakehw" not in out

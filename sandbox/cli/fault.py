@@ -32,6 +32,19 @@ REASONS = [r.value for r in Reason]
 NODE_HELP = "the node (replica) name, as `sandbox fault list` and `sandbox status` show it"
 DEVICE_HELP = "the device's id from the profile (gpu0, nic1...: `sandbox show PROFILE`)"
 RUN_EPILOG = """\
+A scenario is YAML (docs/control-api.md, "Scenarios"; a worked one:
+examples/health/scenario.yaml):
+    version: 1
+    seed: 7                # storms draw the same changes every run
+    steps:
+      - {at: 0.5, do: health, device: gpu0, health: unhealthy, reason: aer-fatal}
+      - {at: 1.0, do: unplug, device: nic0, repeat: 3, every: 2.0}
+      - {at: 2.0, do: set-vfs, device: nic0, num_vfs: 4}
+      - {at: 3.0, do: storm, changes: 100, over: 5.0, ops: [health, unplug, plug]}
+      - {at: 9.0, expect: {gpu0: {plugged: true}}}
+at, every and over are seconds from the start; do is health, unplug, plug, set-vfs or
+storm (changes random changes over `over` seconds, of ops, on devices: default every
+device of the node).
 An expectation is either the state of devices, as `sandbox fault list` shows it:
     - {at: 9, expect: {gpu0: {plugged: true}, gpu1: {health: unhealthy}}}
 or what a pod's status says of a device it was given (a 1.37 kubelet writes the health
@@ -89,10 +102,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.add_argument("node", help=NODE_HELP)
     r = verbs.add_parser(
         "run", help="run a fault scenario (timeline, storms, expectations)",
-        description="Run a fault scenario file (see sandbox.fakehw.scenario): changes at "
-        "their times, then its expectations, one line each, exit 1 if one is not met.",
+        description="Run a fault scenario file: its changes at their times, and its "
+        "expectations, one line each; exit 1 if one is not met.",
         epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    r.add_argument("scenario", type=Path)
+    r.add_argument("scenario", type=Path, help="the scenario file (YAML; below)")
     r.add_argument("--node", help="node to run it on (default: the first)")
     r.add_argument("--speed", type=float, default=1.0, help="time multiplier (2 = twice as fast)")
     r.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text",

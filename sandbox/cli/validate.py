@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import TextIO
 
 from sandbox.errors import ProfileError
 from sandbox.profile import load_profile
+from sandbox.textui import dump
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,10 +24,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="profile files, names of bundled profiles (`sandbox profiles`), or - "
                    "for standard input")
     p.add_argument("-q", "--quiet", action="store_true", help="print problems only")
+    p.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text",
+                   help="json/yaml: one entry per profile (ok, nodes, devices, and each "
+                   "problem's file, line, column, path and message) on stdout")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.output != "text":
+        return _as_data(args.profiles, args.output)
     failed = 0
     for path in args.profiles:
         try:
@@ -42,6 +49,22 @@ def run(args: argparse.Namespace) -> int:
     if failed:
         _say(f"{failed} of {len(args.profiles)} profile(s) invalid", sys.stderr)
     return 1 if failed else 0
+
+
+def _as_data(paths: list[str], output: str) -> int:
+    results: list[dict[str, object]] = []
+    for path in paths:
+        try:
+            loaded = load_profile(path)
+        except ProfileError as exc:
+            results.append({"profile": path, "ok": False,
+                            "problems": [dataclasses.asdict(p) for p in exc.problems]})
+            continue
+        nodes = loaded.cluster.nodes
+        results.append({"profile": path, "ok": True, "nodes": len(nodes),
+                        "devices": sum(len(n.devices) for n in nodes), "problems": []})
+    dump(results, output)
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 def _say(line: str, stream: TextIO) -> None:
