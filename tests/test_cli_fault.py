@@ -143,3 +143,28 @@ def test_mount_daemon_names_a_wrong_node(tmp_path: Path) -> None:
         out.stderr
     assert not (tmp_path / "root").exists()
     assert console_script().is_file()
+
+
+def test_a_reason_the_device_cannot_show_is_refused(mounted: Path, tmp_path: Path) -> None:
+    """A NIC has no ECC rows and shows nothing of an NVLink: `row-remap-pending` on nic0
+    used to be accepted and listed as 'unhealthy (row-remap-pending)' while the tree showed
+    aer-fatal's counters. Refused, naming what it can show; the same in a profile."""
+    out = sandbox("fault", "--socket", str(mounted), "health", NODE, "nic0", "unhealthy",
+                  "--reason", "row-remap-pending")
+    assert out.returncode == 1
+    assert out.stderr == ("error: health nic0: a mellanox nic cannot show row-remap-pending "
+                          "(it shows aer-fatal, link-down, port-down, removed)\n")
+    listed = json.loads(sandbox("fault", "--socket", str(mounted), "list", "-o", "json").stdout)
+    assert listed[NODE]["nic0"]["state"]["health"] == "healthy"
+    ok = sandbox("fault", "--socket", str(mounted), "health", NODE, "nic0", "unhealthy",
+                 "--reason", "port-down")
+    assert ok.returncode == 0, ok.stderr
+    profile = tmp_path / "p.yaml"
+    profile.write_text("apiVersion: hwsandbox.dev/v1alpha1\nkind: HardwareProfile\n"
+                       "metadata: {name: p}\nnodes:\n  - name: n\n    devices:\n"
+                       "      - {type: fpga, vendor: xilinx, model: alveo-u250, "
+                       "health: unhealthy, healthReason: port-down}\n")
+    bad = sandbox("validate", str(profile))
+    assert bad.returncode == 1
+    assert (f"{profile}:7:90: nodes[0].devices[0].healthReason: a xilinx fpga cannot show "
+            "port-down (it shows aer-fatal, link-down, removed)") in bad.stderr, bad.stderr

@@ -146,8 +146,14 @@ def test_a_state_root_too_long_for_a_socket_names_the_fix() -> None:
     require_fuse()
     long_root = Path(tempfile.mkdtemp(prefix="hws-" + "x" * 80, dir="/tmp"))
     try:
-        out = sandbox("up", "8gpu-2numa", "--runtime", "local", env=_env(long_root))
+        env = _env(long_root)  # no kind on PATH: auto picks local, and says why in short
+        env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                                      if not (Path(p) / "kind").exists())
+        out = sandbox("up", "8gpu-2numa", env=env)
         assert out.returncode == 1
+        first = out.stderr.splitlines()[0]
+        assert first == ("runtime: local; kind is not usable here: no kind on PATH "
+                         "(`sandbox up --runtime kind` says what it needs)"), out.stderr
         [line] = [x for x in out.stderr.splitlines() if x.startswith("error:")]
         assert "(sun_path) holds at most 107 bytes" in line, line
         assert line.endswith(f"The fix: a shorter state root, e.g. HWSANDBOX_STATE_DIR=/tmp/hws "

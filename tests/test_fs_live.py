@@ -38,6 +38,7 @@ from sandbox.fakehw.tree import (
     Tree,
 )
 from sandbox.fakehw.treediff import diff_index
+from sandbox.profile.catalogue import fault_reasons
 from tests.fakehw_toy import Server, make_rebuild, rebuild, require_fuse, start_server
 
 GPU0 = "sys/devices/pci0000:00/0000:10:00.0"
@@ -313,6 +314,7 @@ def _read_twice(path: Path) -> tuple[bytes, bytes]:
 def _readers_storm(server: Server, changes: int, seed: int) -> dict[str, int]:
     """8 threads re-read the whole tree while ``changes`` seeded changes run."""
     devices = ["gpu0", "gpu1", "gpu2", "nic0"]
+    records = rebuild({}).devices  # the server refuses a fault a device cannot show
     actions = storm(
         random.Random(seed),
         start=0,
@@ -321,6 +323,7 @@ def _readers_storm(server: Server, changes: int, seed: int) -> dict[str, int]:
         devices=devices,
         ops=("health", "unplug", "plug", "set-vfs"),
         max_vfs=4,
+        shows=lambda d, r: r.value in fault_reasons(records[d].kind, records[d].vendor),
     )
     # Every value any path can have in any state the server passes through.
     states: dict[str, DeviceState] = {}

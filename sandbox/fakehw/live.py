@@ -38,6 +38,7 @@ from sandbox.fakehw.tree import (
     Tree,
 )
 from sandbox.fakehw.treediff import Diff, Mismatch, diff_trees, patch_tree
+from sandbox.profile.catalogue import fault_reasons
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +251,13 @@ class LiveTree:
         if change.device not in self.records:
             known = ", ".join(sorted(self.records)) or "none"
             raise ControlError(f"unknown device {change.device!r} (have {known})")
+        if change.op == "health" and change.reason is not None:
+            record = self.records[change.device]
+            shown = fault_reasons(record.kind, record.vendor)
+            if change.reason.value not in shown:
+                raise ControlError(f"health {change.device}: a {record.vendor} {record.kind} "
+                                   f"cannot show {change.reason.value} (it shows "
+                                   f"{', '.join(shown)})")
         before = self.state(change.device)
         after = next_state(before, change)
         if after == before:

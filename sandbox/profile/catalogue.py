@@ -244,3 +244,24 @@ def cache_layout(vendor: str, family: int, model_number: int) -> CacheLayout:
         if family >= 0x1A:
             return AMD_ZEN5
     return INTEL_SPR
+
+
+# -- what a fault shows ----------------------------------------------------------------
+GPU_ECC_REASONS = ("row-remap-pending", "row-remap-failure", "ecc-contained",
+                   "ecc-uncontained")
+
+
+def fault_reasons(kind: str, vendor: str | None) -> tuple[str, ...]:
+    """The unhealthy reasons a device of this type shows where a reader looks
+    (docs/health.md): every PCI device its AER counters (aer-fatal), its PCIe link
+    (link-down; a NIC its network link) and falling off the bus (removed); a NIC its ports
+    (port-down), an NVIDIA GPU its NVLink (port-down: NVML Xid 74); a GPU its ECC errors.
+    Any other reason would show nothing, or another fault under its name."""
+    out = ["aer-fatal", "link-down"]
+    if kind == "nic" or (kind == "gpu" and vendor == "nvidia"):
+        out.append("port-down")
+    out.append("removed")
+    if kind == "gpu":
+        out += GPU_ECC_REASONS
+    return tuple(out)
+

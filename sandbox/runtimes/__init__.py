@@ -41,4 +41,8 @@ def choose_runtime() -> tuple[Runtime, str]:
     else:
         if reason is None:
             return kind, "Docker and kind are available"
-    return runtime_for("local"), f"kind is not usable here: {reason}"
+    # Only why, not how to fix it: the local runtime is a fine answer, and an `up` that then
+    # fails for another reason must not read as if kind were the trouble.
+    why = str(reason).split("; ")[0]
+    return runtime_for("local"), (f"kind is not usable here: {why} (`sandbox up --runtime "
+                                  "kind` says what it needs)")

@@ -21,6 +21,7 @@ from sandbox.errors import ControlError, ScenarioError
 from sandbox.fakehw.live import Change, Op
 from sandbox.fakehw.scenario.parse import PodExpect, Scenario
 from sandbox.fakehw.tree import Health, Reason
+from sandbox.profile.catalogue import fault_reasons
 
 STORM_OPS_DEFAULT: tuple[Op, ...] = ("health", "unplug", "plug")
 STORM_HEALTH = (
@@ -155,14 +156,19 @@ def storm(
     ops: Sequence[Op] = STORM_OPS_DEFAULT,
     max_vfs: int = 0,
     step: int = 0,
+    shows: Callable[[str, Reason], bool] | None = None,
 ) -> list[Action]:
-    """``changes`` random changes spread evenly over ``over`` seconds from ``start``."""
+    """``changes`` random changes spread evenly over ``over`` seconds from ``start``.
+    ``shows(device, reason)``: whether the device can show that fault; a drawn reason it
+    cannot is aer-fatal instead (which every device shows), so the draws stay the same."""
     out = []
     for k in range(changes):
         op = rng.choice(ops)
         device = rng.choice(devices)
         if op == "health":
             h, r = rng.choice(STORM_HEALTH)
+            if r is not None and shows is not None and not shows(device, r):
+                r = Reason.AER_FATAL
             change = Change("health", device, health=h, reason=r)
         elif op == "set-vfs":
             change = Change("set-vfs", device, num_vfs=rng.randint(0, max_vfs))
@@ -172,10 +178,12 @@ def storm(
     return out
 
 
-def expand(scenario: Scenario, devices: Sequence[str]) -> list[Action]:
+def expand(scenario: Scenario, devices: Sequence[str],
+           shows: Callable[[str, Reason], bool] | None = None) -> list[Action]:
     """Every action of ``scenario`` in time order (stable for equal times). Pure.
 
-    ``devices`` is the node's device list, used by storms without their own."""
+    ``devices`` is the node's device list, used by storms without their own; ``shows``
+    as for ``storm``."""
     actions: list[Action] = []
     for i, st in enumerate(scenario.steps):
         if st.do == "storm":
@@ -190,6 +198,7 @@ def expand(scenario: Scenario, devices: Sequence[str]) -> list[Action]:
                     ops=st.args.get("ops") or STORM_OPS_DEFAULT,
                     max_vfs=st.args.get("max_vfs", 0),
                     step=i,
+                    shows=shows,
                 )
             if st.expect:
                 end = st.at + (st.repeat - 1) * st.every + float(st.args.get("over", 0.0))
@@ -255,12 +264,18 @@ def run_scenario(
         if pods:
             raise ScenarioError(pods)
     try:
-        devices = sorted(client.devices())
+        listed = client.devices()
     except ControlError as exc:
         raise ScenarioError([f"{scenario.source}: cannot list devices: {exc}"]) from exc
+    shown = {d: fault_reasons(str(info.get("kind", "")), info.get("vendor"))
+             for d, info in listed.items()}
+
+    def shows(device: str, reason: Reason) -> bool:
+        return reason.value in shown.get(device, (reason.value,))
+
     result = ScenarioResult()
     t0 = clock()
-    for action in expand(scenario, devices):
+    for action in expand(scenario, sorted(listed), shows):
         delay = t0 + action.at / speed - clock()
         while delay > 0:
             if on_wait is None:

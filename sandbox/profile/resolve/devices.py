@@ -212,6 +212,13 @@ def device_model(dev: model.Device, dloc: Loc, problems: Problems) -> DeviceMode
     loader still runs these on a device whose node did not validate)."""
     if dev.health == "healthy" and dev.health_reason is not None:
         problems.append(((*dloc, "healthReason"), "a healthReason needs health: unhealthy"))
+    if dev.health == "unhealthy" and dev.health_reason is not None:
+        vendor = getattr(dev, "vendor", None)
+        shown = catalogue.fault_reasons(dev.type, vendor)
+        if dev.health_reason not in shown:
+            problems.append(((*dloc, "healthReason"),
+                             f"a{'' if vendor is None else ' ' + vendor} {dev.type} cannot "
+                             f"show {dev.health_reason} (it shows {', '.join(shown)})"))
     if dev.pci_addresses is not None and len(dev.pci_addresses) != dev.count:
         problems.append(
             ((*dloc, "pciAddresses"),
