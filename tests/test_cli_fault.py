@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.cli import _env, console_script, sandbox, state_roots
 from tests.fakehw_toy import require_fuse
@@ -76,6 +77,12 @@ def test_reset_puts_every_device_back(sriov: dict[str, str]) -> None:
     assert status["nodes"][0]["name"] == NODE
     numvfs = root / "sys" / "bus" / "pci" / "devices" / "0000:01:00.0" / "sriov_numvfs"
     assert numvfs.read_text() == "4\n"
+    wide = sandbox("fault", "list", NODE, "-o", "wide", env=env).stdout.splitlines()
+    assert wide[0].split()[-3:] == ["VENDOR", "MODEL", "VFS"], wide[0]
+    nic0 = next(line for line in wide if " nic0 " in line)
+    assert nic0.split()[-3:] == ["mellanox", "connectx-6dx", "4"], nic0
+    status = yaml.safe_load(sandbox("status", "-o", "yaml", env=env).stdout)
+    assert status == json.loads(sandbox("status", "-o", "json", env=env).stdout)
     again = sandbox("fault", "reset", NODE, env=env)
     assert all(line.endswith("[no change]") for line in again.stdout.splitlines()), again.stdout
     missing = sandbox("fault", "reset", NODE, "nic9", env=env)

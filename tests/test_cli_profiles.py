@@ -189,10 +189,11 @@ def test_a_bad_profile_on_stdin_stops_up_before_anything(state_root: Path) -> No
 
 
 def test_the_wheel_carries_the_profiles(tmp_path: Path) -> None:
-    """Built as a user's ``pip install`` builds it, installed outside the checkout: the
-    bundled profiles are there, and ``sandbox up 8gpu-2numa`` (local runtime) works."""
+    """Built as a user's ``pip install`` builds it and installed with its dependencies into
+    a fresh virtualenv outside the checkout: the bundled profiles are there, and that
+    virtualenv's ``sandbox up 8gpu-2numa`` (local runtime) works."""
     require_fuse()
-    wheels, target, source = tmp_path / "wheels", tmp_path / "site", tmp_path / "source"
+    wheels, venv, source = tmp_path / "wheels", tmp_path / "venv", tmp_path / "source"
     # from a copy: building in the checkout would leave build/ and *.egg-info there
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", "build", "dist", "*.egg-info", ".*cache", ".tox", ".hypothesis", "__pycache__"))
@@ -201,36 +202,39 @@ def test_the_wheel_carries_the_profiles(tmp_path: Path) -> None:
                            capture_output=True, text=True, check=False, timeout=600)
     assert built.returncode == 0, built.stderr
     [wheel] = wheels.glob("hw_sandbox-*.whl")
-    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q",
-                                "--disable-pip-version-check", "--target", str(target),
-                                str(wheel)], capture_output=True, text=True, check=False,
-                               timeout=300)  # fmt: skip
-    assert installed.returncode == 0, installed.stderr
+    for step in ([sys.executable, "-m", "venv", str(venv)],
+                 # pyfuse3 with our patch, as scripts/install does (cached wheel)
+                 [str(REPO / "scripts" / "build-pyfuse3"), str(venv / "bin" / "python")],
+                 [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                  str(wheel)]):
+        done = subprocess.run(step, capture_output=True, text=True, check=False, timeout=900)
+        assert done.returncode == 0, (step, done.stderr)
     state = Path(tempfile.mkdtemp(prefix="hws-", dir="/tmp"))
-    env = _env(state, PYTHONPATH=str(target))
+    env = _env(state)
+    env.pop("PYTHONPATH", None)
     # no kind on PATH here: the local runtime, as on a machine without Docker
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
                                   if not (Path(p) / "kind").exists())
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "sandbox", *args], cwd=tmp_path, env=env,
+        return subprocess.run([str(venv / "bin" / "sandbox"), *args], cwd=tmp_path, env=env,
                               text=True, capture_output=True, check=False, timeout=120)
 
+    site = subprocess.run([str(venv / "bin" / "python"), "-c",
+                           "import sandbox; print(sandbox.__file__)"], cwd=tmp_path, env=env,
+                          text=True, capture_output=True, check=True).stdout.strip()
+    assert site.startswith(str(venv)), site
     try:
-        where = subprocess.run([sys.executable, "-c", "import sandbox; print(sandbox.__file__)"],
-                               cwd=tmp_path, env=env, text=True, capture_output=True,
-                               check=True).stdout.strip()
-        assert where == str(target / "sandbox" / "__init__.py")
         listed = json.loads(run("profiles", "-o", "json").stdout)
         assert [p["name"] for p in listed] == BUNDLED
-        assert all(p["file"].startswith(str(target / "sandbox" / "data" / "profiles"))
+        assert all(p["file"].startswith(str(Path(site).parent / "data" / "profiles"))
                    for p in listed)
         up = run("up", "8gpu-2numa")
         assert up.returncode == 0, up.stderr
         assert "is up (local runtime" in up.stdout
         status = run("status", "-o", "json")
         assert status.returncode == 0, status.stderr
-        assert json.loads(status.stdout)["profile"].startswith(str(target))
+        assert json.loads(status.stdout)["profile"].startswith(str(venv))
         down = run("down")
         assert down.returncode == 0, down.stderr
     finally:

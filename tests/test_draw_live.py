@@ -1,6 +1,6 @@
 """The picture of a running sandbox shows what `status -o json` says, after faults.
 
-Through the CLI a user types (``python -m sandbox``) with the local runtime: up, faults,
+Through the installed console script, as a user types it, with the local runtime: up, faults,
 ``status -o svg|png|json``, down. The numbers drawn (capacity and allocatable of every
 resource on every node), each device's health and each SR-IOV device's VF count must be
 the live ones; the VF counts are also read back from the node's mounted /sys.
@@ -17,10 +17,17 @@ from typing import Any
 
 import pytest
 
+from tests import cli
 from tests.cli import state_roots
 from tests.fakehw_toy import require_fuse
 from tests.test_draw_layout import SVG, check_layout, png_size, smallest_text
-from tests.test_local_runtime import sandbox
+
+
+def sandbox(state_root: Path, *args: str) -> Any:
+    """The console script with HWSANDBOX_STATE_DIR=state_root and no kind on PATH."""
+    env = cli._env(state_root)
+    env["PATH"] = ":".join(p for p in env["PATH"].split(":") if not (Path(p) / "kind").exists())
+    return cli.sandbox(*args, env=env)
 
 
 @pytest.fixture

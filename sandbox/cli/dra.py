@@ -17,7 +17,7 @@ from sandbox.draw import claims_svg
 from sandbox.errors import SandboxError
 from sandbox.profile import PROFILE_HELP, load_profile
 from sandbox.session import find_session
-from sandbox.textui import table
+from sandbox.textui import dump, table
 
 DESCRIPTION = """\
 What our reference DRA driver (hwplugins.dra) would publish for a profile, and what a
@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                          "NIC's bandwidth")
     u.add_argument("--name", help="which sandbox (default: the only one running)")
     u.add_argument("--kubeconfig", help="any cluster instead of a sandbox")
-    u.add_argument("-o", "--output", choices=("table", "json", "svg", "png"), default="table",
+    u.add_argument("-o", "--output", choices=("table", "json", "yaml", "svg", "png"),
+                   default="table",
                    help="svg/png: the same as a picture for slides (one card per GPU and NIC)")
     add_file_arguments(u)
     p.set_defaults(func=run)
@@ -109,9 +110,8 @@ def _claims(args: argparse.Namespace) -> int:
         write_picture(claims_svg(use, title=f"DRA claims: {title}", scale=args.scale),
                       args.output, args.file, args.force)
         return 0
-    if args.output == "json":
-        json.dump(dataclasses.asdict(use), sys.stdout, indent=2, default=str)
-        print()
+    if args.output in ("json", "yaml"):
+        dump(dataclasses.asdict(use), args.output)
         return 0
     print(table(("CLAIM", "POD", "REQUEST", "POOL", "DEVICE", "TAKES"), [
         (a.claim, ",".join(a.pods) or "-", a.request, a.pool, a.device,

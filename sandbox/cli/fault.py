@@ -97,7 +97,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "kernel has one sriov_numvfs per function; default: every port")
     ls = verbs.add_parser("list", help="devices and their state, per node")
     ls.add_argument("node", nargs="?", help="only this node (default: every node)")
-    ls.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    ls.add_argument("-o", "--output", choices=("table", "wide", "json", "yaml"), default="table",
+                    help="wide: with each device's vendor, model and VF count as set "
+                    "(blank: the profile's)")
     w = verbs.add_parser("watch", help="print change events of a node as JSON lines")
     w.add_argument("node", help=NODE_HELP)
     r = verbs.add_parser(
@@ -345,12 +347,22 @@ def _list(args: argparse.Namespace) -> int:
         for dev_id, info in devices.items():
             state = info.get("state", {})
             health = "unplugged" if not state.get("plugged", True) else state.get("health")
-            rows.append((node, dev_id, info.get("kind", ""), info.get("pci_address", ""),
-                         info.get("numa_node", ""), health, state.get("reason") or ""))
-    if args.output != "table":
+            row: tuple[object, ...] = (node, dev_id, info.get("kind", ""),
+                                       info.get("pci_address", ""), info.get("numa_node", ""),
+                                       health, state.get("reason") or "")
+            if args.output == "wide":
+                ports = state.get("port_vfs") or {}
+                vfs = ", ".join(f"port {p}: {n}" for p, n in sorted(ports.items())) \
+                    if ports else state.get("num_vfs")
+                row += (info.get("vendor", ""), info.get("model", ""),
+                        "" if vfs is None else vfs)
+            rows.append(row)
+    headers = ("NODE", "DEVICE", "KIND", "PCI ADDRESS", "NUMA", "HEALTH", "REASON")
+    if args.output in ("json", "yaml"):
         dump(data, args.output)
     else:
-        print(table(("NODE", "DEVICE", "KIND", "PCI ADDRESS", "NUMA", "HEALTH", "REASON"), rows))
+        wide = ("VENDOR", "MODEL", "VFS") if args.output == "wide" else ()
+        print(table((*headers, *wide), rows))
     return 0
 
 

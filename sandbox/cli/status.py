@@ -26,7 +26,7 @@ from sandbox.profile.spec import Cluster, NodeSpec
 from sandbox.runtimes import runtime_for
 from sandbox.runtimes.base import NodeStatus, Runtime, SandboxStatus
 from sandbox.session import find_session
-from sandbox.textui import size, table
+from sandbox.textui import dump, size, table
 
 RUNTIME_NOTE = {
     "local": "FUSE trees + reference device plugin + kubelet harness; no Kubernetes",
@@ -75,7 +75,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--name", help="which sandbox (default: the only one running)")
-    p.add_argument("-o", "--output", choices=("table", "json", "svg", "png"), default="table")
+    p.add_argument("-o", "--output", choices=("table", "json", "yaml", "svg", "png"),
+                   default="table")
     p.add_argument("-w", "--watch", nargs="?", const=2.0, type=float, metavar="S",
                    help="look again every S seconds (default 2) and print the status each "
                    "time it changed (-o json: one line each) until Ctrl-C")
@@ -361,7 +362,7 @@ def _profile(status: SandboxStatus, needed: bool, wanted: bool = False) -> Clust
 def run(args: argparse.Namespace) -> int:
     check_picture_file(args)
     if args.watch is not None:
-        if args.output not in ("table", "json"):
+        if args.output not in ("table", "json"):  # (yaml: no one-line form to watch)
             raise SandboxError("--watch prints tables or JSON lines, not pictures")
         if args.watch <= 0:
             raise SandboxError(f"--watch {args.watch:g}: the interval must be above 0 seconds")
@@ -405,6 +406,9 @@ def _once(args: argparse.Namespace, compact: bool = False) -> int:
     if args.output == "json":
         json.dump(to_json(status, health), sys.stdout, indent=None if compact else 2)
         print()
+        return ready
+    if args.output == "yaml":
+        dump(to_json(status, health), "yaml")
         return ready
     if args.output == "table":
         sys.stdout.write(text(status, cluster, "/".join(pod) if pod else None, health))

@@ -13,6 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes.utils.quantity import parse_quantity
 
 from sandbox.dra import quantity, usage
@@ -78,6 +79,10 @@ def test_claims_view_matches_the_api_objects(cluster: Cluster, tmp_path: Path) -
          str(cluster.cp.kubeconfig), "-o", "json"], cwd=REPO, capture_output=True, text=True,
         check=True, timeout=60).stdout)
     assert len(data["allocated"]) == len(want)
+    assert yaml.safe_load(subprocess.run(
+        [sys.executable, "-m", "sandbox", "dra", "claims", "--kubeconfig",
+         str(cluster.cp.kubeconfig), "-o", "yaml"], cwd=REPO, capture_output=True, text=True,
+        check=True, timeout=60).stdout) == data
 
     # the picture: every claim with its pod and device, what is left of every counter
     picture = ET.fromstring(claims_svg(use))
