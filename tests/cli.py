@@ -50,3 +50,17 @@ def sandbox(*args: str, stdin: str | None = None, cwd: Path = REPO,
     return subprocess.run([str(console_script()), *args], input=stdin, text=True,
                           capture_output=True, check=False, timeout=120, cwd=cwd,
                           env=env or _env())
+
+
+def build_wheel(where: Path) -> Path:
+    """The project's wheel, built as ``pip install`` builds it, from a copy of the tree
+    (building in the checkout would leave build/ and *.egg-info there)."""
+    source, wheels = where / "source", where / "wheels"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", "build", "dist", "*.egg-info", ".*cache", ".tox", ".hypothesis", "__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                            "--disable-pip-version-check", "-w", str(wheels), str(source)],
+                           capture_output=True, text=True, check=False, timeout=600)
+    assert built.returncode == 0, built.stderr
+    [wheel] = wheels.glob("hw_sandbox-*.whl")
+    return wheel

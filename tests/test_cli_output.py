@@ -7,20 +7,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from sandbox.fakehw.devnodes import HARMLESS
-from tests.cli import REPO, _env, sandbox, state_roots
+from tests.cli import REPO, _env, build_wheel, sandbox, state_roots
 from tests.fakehw_toy import require_fuse
 
 NODE = "net-worker"  # profiles/sriov-rdma.yaml
@@ -113,25 +114,72 @@ def test_kubelet_check_as_json(mounted: tuple[Path, Path]) -> None:
     assert any(e["kind"] == "register" for e in data["events"]), data["events"][:5]
 
 
-def test_render_mknod_as_a_user_names_the_fix(tmp_path: Path) -> None:
-    tmp_path.chmod(0o777)
-    out = _as_nobody("render", "mig-single", "--out", str(tmp_path / "out"), "--mknod",
-                     cwd=tmp_path)
+@pytest.fixture(scope="module")
+def as_user() -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
+    """Run `sandbox ARGS` as the user nobody in a 0777 work dir. The test virtualenv may
+    live below root's 0700 home, so the sandbox runs from an install nobody can read:
+    Debian's python3 with the project's wheel and its dependencies (the patched pyfuse3
+    from scripts/build-pyfuse3's cache) installed into a 0755 directory."""
+    python = shutil.which("python3.11", path="/usr/bin")
+    if python is None:
+        pytest.fail("Debian's python3.11 is needed: apt-get install python3", pytrace=False)
+    top = Path(tempfile.mkdtemp(prefix="hws-user-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        site, work = top / "site", top / "work"
+        wheel = build_wheel(top / "build")
+        cache = Path(os.environ.get("HWSANDBOX_CACHE") or
+                     Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                     / "hw-sandbox")
+        fuse = sorted(cache.glob("pyfuse3/*/pyfuse3-*-cp311-*.whl"))
+        if not fuse:
+            pytest.fail(f"no patched pyfuse3 wheel in {cache}: run scripts/build-pyfuse3",
+                        pytrace=False)
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q",
+                               "--disable-pip-version-check", "--target", str(site),
+                               str(fuse[-1]), str(wheel)], capture_output=True, text=True,
+                              check=False, timeout=900)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        subprocess.run(["chmod", "-R", "a+rX", str(site)], check=True)
+        work.mkdir()
+        work.chmod(0o777)
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534",
+                                   "--clear-groups", python, "-m", "sandbox", *args],
+                                  cwd=work, text=True, capture_output=True, check=False,
+                                  timeout=60, env={"PATH": "/usr/bin:/bin",
+                                                   "PYTHONPATH": str(site)})  # fmt: skip
+
+        ok = run("--version")
+        assert ok.returncode == 0, f"user nobody cannot run the sandbox: {ok.stderr}"
+        yield run
+    finally:
+        subprocess.run(["rm", "-rf", str(top)], check=False)
+
+
+def test_render_mknod_as_a_user_names_the_fix(
+        as_user: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    out = as_user("render", "mig-single", "--out", "out", "--mknod")
     assert out.returncode == 1
     assert out.stderr == ("error: --mknod makes real device nodes, which needs root (sudo); "
                           "without --mknod they are empty placeholder files listed in "
                           "DIR/dev/.devices\n")
-    assert not (tmp_path / "out").exists()
+    assert as_user("render", "mig-single", "--out", "out").returncode == 0  # placeholders
 
 
-def test_mount_as_a_user_names_the_fix(tmp_path: Path) -> None:
-    tmp_path.chmod(0o777)
-    out = _as_nobody("mount", "mig-single", str(tmp_path / "root"), "--node", "mig-worker",
-                     cwd=tmp_path)
+def test_mount_as_a_user_names_the_fix(
+        as_user: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    if os.access("/dev/fuse", os.R_OK | os.W_OK, effective_ids=False) and \
+            os.stat("/dev/fuse").st_mode & 0o006 == 0o006:
+        pytest.fail("/dev/fuse is open to every user here; this test needs it root-only "
+                    "(the kernel's default mode, 0600)", pytrace=False)
+    out = as_user("mount", "mig-single", "root", "--node", "mig-worker")
     assert out.returncode == 1
-    assert out.stderr == (f"error: {tmp_path / 'root'}: cannot mount: /dev/fuse is not open "
-                          "to this user; run as root (sudo), or where FUSE is available "
-                          "(modprobe fuse; a container needs --device /dev/fuse)\n")
+    assert out.stderr.startswith("error: "), out.stderr
+    assert out.stderr.endswith("/root: cannot mount: /dev/fuse is not open to this user; run "
+                               "as root (sudo), or where FUSE is available (modprobe fuse; a "
+                               "container needs --device /dev/fuse)\n"), out.stderr
 
 
 def test_a_live_mount_names_the_fix(mounted: tuple[Path, Path]) -> None:
@@ -161,23 +209,6 @@ def test_a_state_root_too_long_for_a_socket_names_the_fix() -> None:
         assert list(long_root.iterdir()) == []
     finally:
         subprocess.run(["rm", "-rf", str(long_root)], check=False)
-
-
-def _as_nobody(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """The console script run as the user nobody (setpriv, util-linux)."""
-    script = Path(sys.executable).parent / "sandbox"
-    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                           str(script), *args], cwd=cwd, text=True, capture_output=True,
-                          check=False, timeout=60, env=_env())
-
-
-def test_the_repo_is_readable_by_a_user() -> None:
-    """The two tests above run the checkout's code as nobody: say so if it cannot."""
-    probe = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                            sys.executable, "-c", "import sandbox.cli"], cwd="/",
-                           capture_output=True, text=True, check=False, env=_env())
-    assert probe.returncode == 0, (f"user nobody cannot import the sandbox from {REPO} "
-                                   f"(make the checkout world-readable): {probe.stderr}")
 
 
 def test_status_watch_and_exit_code(state_root: Path) -> None:

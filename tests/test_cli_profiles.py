@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cli import _env, sandbox, state_roots
+from tests.cli import _env, build_wheel, sandbox, state_roots
 from tests.fakehw_toy import require_fuse
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,15 +193,8 @@ def test_the_wheel_carries_the_profiles(tmp_path: Path) -> None:
     a fresh virtualenv outside the checkout: the bundled profiles are there, and that
     virtualenv's ``sandbox up 8gpu-2numa`` (local runtime) works."""
     require_fuse()
-    wheels, venv, source = tmp_path / "wheels", tmp_path / "venv", tmp_path / "source"
-    # from a copy: building in the checkout would leave build/ and *.egg-info there
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", "build", "dist", "*.egg-info", ".*cache", ".tox", ".hypothesis", "__pycache__"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                            "--disable-pip-version-check", "-w", str(wheels), str(source)],
-                           capture_output=True, text=True, check=False, timeout=600)
-    assert built.returncode == 0, built.stderr
-    [wheel] = wheels.glob("hw_sandbox-*.whl")
+    venv = tmp_path / "venv"
+    wheel = build_wheel(tmp_path)
     for step in ([sys.executable, "-m", "venv", str(venv)],
                  # pyfuse3 with our patch, as scripts/install does (cached wheel)
                  [str(REPO / "scripts" / "build-pyfuse3"), str(venv / "bin" / "python")],
