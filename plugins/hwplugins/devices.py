@@ -33,13 +33,17 @@ Health (``symptoms``) comes from real kernel interfaces only:
     dev-missing   the device's own primary /dev node is gone
     link-down     a netdev's ``operstate`` is not ``up``
     port-down     an InfiniBand port ``state`` is not ACTIVE
+
+``device_health(device)`` (``device_health(card, port)`` for an FPGA port) is the one
+derivation of what the two programs report: the device plugin's Healthy/Unhealthy and its
+logged evidence, the DRA driver's taints and its health stream's message.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Container, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -163,8 +167,41 @@ def aer_symptoms(count: int) -> list[Symptom]:
     return [Symptom("aer-fatal", f"aer_dev_fatal TOTAL_ERR_FATAL {count}")] if count > 0 else []
 
 
-def missing(node: str, present: set[str] | frozenset[str]) -> list[Symptom]:
+def missing(node: str, present: Container[str]) -> list[Symptom]:
     return [] if node in present else [Symptom("dev-missing", f"{node} missing")]
+
+
+@dataclass(frozen=True)
+class Health:
+    """A device's health from its symptoms, in the forms the two programs report it."""
+
+    symptoms: tuple[Symptom, ...] = ()
+
+    @property
+    def healthy(self) -> bool:
+        return not self.symptoms
+
+    @property
+    def evidence(self) -> str:
+        """Each symptom's evidence, ``; ``-joined (the device plugin logs it); "" if healthy."""
+        return "; ".join(s.detail for s in self.symptoms)
+
+    @property
+    def message(self) -> str:
+        """Each symptom as ``reason: evidence``, ``; ``-joined (the DRA driver's health
+        stream: the kubelet shows it in pod status); "" if healthy."""
+        return "; ".join(f"{s.reason}: {s.detail}" for s in self.symptoms)
+
+    def plus(self, symptoms: Iterable[Symptom]) -> Health:
+        return Health((*self.symptoms, *symptoms))
+
+
+def device_health(device: PciDevice, port: DflPort | None = None) -> Health:
+    """The device's health; an FPGA ``port``'s is its card's and its own /dev node's."""
+    if port is None:
+        return Health(device.symptoms)
+    node = f"/dev/{port.name}"
+    return Health(device.symptoms).plus(missing(node, (node,) if port.present else ()))
 
 
 class _Scanner:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hwplugins.devices import PciDevice, Symptom, aer_symptoms, missing, scan
+from hwplugins.devices import Health, PciDevice, aer_symptoms, device_health, missing, scan
 from hwplugins.sysfs import SysRoot
 
 HEALTHY = "Healthy"
@@ -102,9 +102,9 @@ class Device:
         return self.health == HEALTHY
 
 
-def _health(symptoms: Iterable[Symptom]) -> tuple[str, str]:
-    why = [s.detail for s in symptoms]
-    return (UNHEALTHY, "; ".join(why)) if why else (HEALTHY, "")
+def _health(health: Health) -> tuple[str, str]:
+    """The device model's health as the v1beta1 API says it, with the evidence for logs."""
+    return (HEALTHY, "") if health.healthy else (UNHEALTHY, health.evidence)
 
 
 def _nvidia(pcis: Sequence[PciDevice], resource: str, present: Callable[[str], bool],
@@ -113,13 +113,12 @@ def _nvidia(pcis: Sequence[PciDevice], resource: str, present: Callable[[str], b
     for order, pci in enumerate(pcis):
         info = pci.nvidia
         dev_id = info.uuid if info is not None and info.uuid else pci.address
-        nodes, symptoms = list(pci.dev_nodes), list(pci.symptoms)
+        nodes, why = list(pci.dev_nodes), device_health(pci)
         if pci.primary_node is None:  # no "Device Minor": number the GPUs in address order
             primary = f"/dev/nvidia{order}"
             nodes.insert(0, primary)
-            if not present(primary):
-                symptoms.append(Symptom("dev-missing", f"{primary} missing"))
-        health, reason = _health(symptoms)
+            why = why.plus(missing(primary, (primary,) if present(primary) else ()))
+        health, reason = _health(why)
         devices.append(Device(
             id=dev_id, resource=resource, kind="nvidia-gpu", pci_address=pci.address,
             numa_node=pci.numa_node, health=health, reason=reason, dev_nodes=tuple(nodes),
@@ -134,7 +133,7 @@ def _drm_gpu(pci: PciDevice, kind: str, resource: str) -> Device | None:
         return None  # no DRM driver bound: nothing a container could open
     dev_id = pci.address if kind == "amd-gpu" else pci.drm_card
     env_var = ENV_VARS.get(kind)
-    health, reason = _health(pci.symptoms)
+    health, reason = _health(device_health(pci))
     return Device(
         id=dev_id, resource=resource, kind=kind, pci_address=pci.address,
         numa_node=pci.numa_node, health=health, reason=reason, dev_nodes=pci.dev_nodes,
@@ -144,7 +143,7 @@ def _drm_gpu(pci: PciDevice, kind: str, resource: str) -> Device | None:
 
 def _sriov_vf(pci: PciDevice, resource: str) -> Device:
     env_name = "PCIDEVICE_" + re.sub(r"[^A-Za-z0-9]", "_", resource).upper()
-    health, reason = _health(pci.symptoms)
+    health, reason = _health(device_health(pci))
     return Device(
         id=pci.address, resource=resource, kind="sriov-vf", pci_address=pci.address,
         numa_node=pci.numa_node, health=health, reason=reason, dev_nodes=pci.dev_nodes,
@@ -157,7 +156,7 @@ def _fpga_ports(pci: PciDevice, resource: str) -> list[Device]:
     devices = []
     for port in pci.dfl_ports:
         node = f"/dev/{port.name}"
-        health, reason = _health([*pci.symptoms, *missing(node, {node} if port.present else set())])
+        health, reason = _health(device_health(pci, port))
         devices.append(Device(
             id=port.name, resource=resource, kind="fpga-port", pci_address=pci.address,
             numa_node=pci.numa_node, health=health, reason=reason, dev_nodes=(node,),
@@ -167,7 +166,9 @@ def _fpga_ports(pci: PciDevice, resource: str) -> list[Device]:
 
 
 def _generic(pci: PciDevice, resource: str) -> Device:
-    health, reason = _health(aer_symptoms(pci.aer_fatal))
+    # Only AER: a generic device hands out no /dev node, and a rule may claim a NIC or GPU
+    # whose other symptoms are about nodes and links it does not offer.
+    health, reason = _health(Health(tuple(aer_symptoms(pci.aer_fatal))))
     return Device(
         id=pci.address, resource=resource, kind="generic", pci_address=pci.address,
         numa_node=pci.numa_node, health=health, reason=reason,

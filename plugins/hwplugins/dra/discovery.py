@@ -14,8 +14,9 @@ shows up as soon as the files say so.
 ``<BDF>`` is the PCI address with ``:`` and ``.`` turned into ``-``: names stay stable
 across unplug and rescans (an index would shift when a device leaves).
 
-Each symptom of the model (real kernel interfaces only) becomes a ``Problem`` that the
-slice builder turns into a device taint:
+A device's health is the model's (``hwplugins.devices.device_health``); each of its
+symptoms (real kernel interfaces only) is a ``Problem`` that the slice builder turns into a
+device taint:
 
     aer-fatal     ``aer_dev_fatal`` TOTAL_ERR_FATAL > 0                    NoExecute
     dev-missing   the device's primary /dev node is gone                   NoExecute
@@ -27,11 +28,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hwplugins.devices import AMD, NVIDIA, PciDevice, Symptom, missing, scan
+from hwplugins.devices import AMD, NVIDIA, Health, PciDevice, device_health, scan
 
 NO_EXECUTE = "NoExecute"
 NO_SCHEDULE = "NoSchedule"
@@ -69,7 +70,7 @@ class Device:
     dev_nodes: tuple[str, ...] = ()  # container paths under /dev, primary first
     env: tuple[tuple[str, str], ...] = ()
     attributes: tuple[tuple[str, AttrValue], ...] = ()  # kind-specific extras
-    problems: tuple[Problem, ...] = field(default=())
+    health: Health = Health()
 
     @property
     def vendor(self) -> str:
@@ -82,7 +83,12 @@ class Device:
 
     @property
     def healthy(self) -> bool:
-        return not self.problems
+        return self.health.healthy
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """Each symptom with the taint effect it calls for."""
+        return tuple(Problem(s.reason, EFFECTS[s.reason], s.detail) for s in self.health.symptoms)
 
 
 def dns_label(text: str) -> str:
@@ -91,10 +97,6 @@ def dns_label(text: str) -> str:
 
 EFFECTS = {"aer-fatal": NO_EXECUTE, "dev-missing": NO_EXECUTE, "link-down": NO_SCHEDULE,
            "port-down": NO_SCHEDULE}  # fmt: skip
-
-
-def _problems(symptoms: Iterable[Symptom]) -> tuple[Problem, ...]:
-    return tuple(Problem(s.reason, EFFECTS[s.reason], s.detail) for s in symptoms)
 
 
 def _make(pci: PciDevice, kind: str, name: str, **fields: Any) -> Device:
@@ -119,7 +121,7 @@ def _gpu(pci: PciDevice) -> Device:
             dev_nodes=pci.dev_nodes,
             env=(("NVIDIA_VISIBLE_DEVICES", uuid or pci.address),),
             attributes=(("minor", info.minor),) if info and info.minor is not None else (),
-            problems=_problems(pci.symptoms),
+            health=device_health(pci),
         )  # fmt: skip
     env_var = "AMD_VISIBLE_DEVICES" if pci.vendor == AMD else "HWSANDBOX_DRI_DEVICES"
     return _make(
@@ -130,7 +132,7 @@ def _gpu(pci: PciDevice) -> Device:
         dev_nodes=pci.dev_nodes,
         env=((env_var, pci.address),),
         attributes=(("driver", pci.driver),),
-        problems=_problems(pci.symptoms),
+        health=device_health(pci),
     )  # fmt: skip
 
 
@@ -161,7 +163,7 @@ def _net(pci: PciDevice) -> Device:
         dev_nodes=pci.dev_nodes,
         env=(("HWSANDBOX_NETDEV", pci.net[0].name if pci.net else pci.address),),
         attributes=tuple(attrs),
-        problems=_problems(pci.symptoms),
+        health=device_health(pci),
     )  # fmt: skip
 
 
@@ -169,17 +171,16 @@ def _fpgas(pci: PciDevice) -> list[Device]:
     if not pci.dfl_ports:
         return [_make(pci, "fpga", f"fpga-{_bdf(pci.address)}",
                       attributes=(("driver", pci.driver),),
-                      problems=_problems(pci.symptoms))]  # fmt: skip
+                      health=device_health(pci))]  # fmt: skip
     devices = []
     for port in pci.dfl_ports:
         node = f"/dev/{port.name}"
-        present = {node} if port.present else set()
         devices.append(_make(
             pci, "fpga", f"fpga-{dns_label(port.name)}",
             dev_nodes=(node,),
             env=(("HWSANDBOX_FPGA_PORT", port.name),),
             attributes=(("port", port.name), ("afuID", port.afu_id), ("driver", pci.driver)),
-            problems=_problems([*pci.symptoms, *missing(node, present)]),
+            health=device_health(pci, port),
         ))  # fmt: skip
     return devices
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from hwplugins.devices import Scanner
 from hwplugins.dra.config import DriverConfig
-from hwplugins.dra.discovery import Device, from_scan
+from hwplugins.dra.discovery import from_scan
 from hwplugins.dra.kubeletplugin import KubeletPlugin
 from hwplugins.dra.publisher import Publisher
 from hwplugins.dra.slices import DRIVER, Pool, build_pool
@@ -61,7 +61,7 @@ class Driver:
         devices = from_scan(self._scanner.scan(dirty))
         pool = build_pool(devices, self.config, self.compatibility_groups,
                           self.skip_node_operations)  # fmt: skip
-        health = [(d.name, d.source.healthy, health_message(d.source)) for d in pool.devices]
+        health = [(d.name, d.source.healthy, d.source.health.message) for d in pool.devices]
         with self._cond:
             self._pool = pool
             if health != self._health:
@@ -97,12 +97,6 @@ class Driver:
             if self._health_version == seen:
                 self._cond.wait(timeout)
             return self._health_version, self.node, list(self._health)
-
-
-def health_message(device: Device) -> str:
-    """What the kubelet shows next to an unhealthy device in pod status: each problem as
-    ``reason: evidence`` (a partition's are its GPU's); "" for a healthy one."""
-    return "; ".join(f"{p.reason}: {p.detail}" for p in device.problems)
 
 
 def run(driver: Driver, publisher: Publisher | None, plugin: KubeletPlugin | None,
