@@ -3,7 +3,8 @@
     discovery  devices (hwplugins.devices) -> resources: Device (id, resource, health, nodes)
     packing    GetPreferredAllocation's NUMA packing, a pure function
     config     the optional JSON config (extra rules, ignore list, PreStart options)
-    server     one v1beta1 DevicePlugin server per resource, registration and re-registration
+    server     one v1beta1 DevicePlugin server per resource, kept served and registered
+               (hwplugins.kubeletsock)
 
 Run it as ``python -m hwplugins.deviceplugin --root DIR --kubelet-dir DIR``.
 """

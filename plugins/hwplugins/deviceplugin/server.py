@@ -1,10 +1,10 @@
 """The gRPC side: one DevicePlugin server per extended resource, kept registered.
 
 ``ResourcePlugin`` adapts the device model (``discovery.Device``) to the v1beta1 API for
-one resource and one socket, as real plugins do. Its ``tick`` keeps the kubelet contract:
-serve first, then Register; serve again and re-register when our socket or kubelet.sock is
-deleted or replaced (a kubelet restart deletes every socket in the directory). Changes are
-noticed by polling ``stat`` (device, inode, ctime), which works on any filesystem.
+one resource and one socket, as real plugins do. Its ``tick`` keeps the kubelet contract
+with ``hwplugins.kubeletsock``: serve first, then Register; serve again and re-register when
+our socket or kubelet.sock is deleted or replaced (a kubelet restart deletes every socket in
+the directory).
 
 ``run`` is the process loop: rescan the root when ``hwplugins.watch.Rescans`` says so
 (every ``interval`` seconds, or on a live tree's change events), hand each resource its
@@ -14,11 +14,9 @@ device list (a change wakes its ListAndWatch streams), tick every plugin.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,36 +28,18 @@ from hwplugins.deviceplugin.config import Config
 from hwplugins.deviceplugin.discovery import Device, group
 from hwplugins.deviceplugin.packing import pack
 from hwplugins.devices import Scanner
+from hwplugins.kubeletsock import AGAIN, REGISTER_TIMEOUT, KubeletSocket, Registrar
 from hwplugins.watch import Rescans
 
 log = logging.getLogger("hwplugins.deviceplugin")
 
 API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
-REGISTER_TIMEOUT = 10.0  # seconds; the kubelet itself dials back with a 10 s timeout
-RETRY_AFTER = 1.0
 TICK = 0.1  # socket watch period, independent of the rescan interval
-
-FileId = tuple[int, int, int]
-MAX_SOCKET_PATH = 105  # grpcio refuses longer unix socket paths (sun_path is 108 bytes)
-
-
-class ServeError(Exception):
-    """A plugin socket cannot be served (path too long, directory missing...)."""
-
 
 # The generated grpc module is untyped; pin the two entry points we use to real signatures.
 _add_servicer: Callable[[object, grpc.Server], None] = pb_grpc.add_DevicePluginServicer_to_server
 _registration_stub: Callable[[grpc.Channel], Any] = pb_grpc.RegistrationStub
-
-
-def file_id(path: Path) -> FileId | None:
-    """(st_dev, st_ino, st_ctime_ns): changes when a file is deleted and made again."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 def socket_name(prefix: str, resource: str) -> str:
@@ -180,10 +160,10 @@ class ResourcePlugin:
         self.devices: tuple[Device, ...] = ()
         self.generation = 0
         self.epoch = 0  # bumped whenever a server stops, so its streams end
-        self._server: grpc.Server | None = None
-        self._socket_id: FileId | None = None
-        self._registered_with: FileId | None = None
-        self._next_attempt = 0.0
+        self._socket = KubeletSocket(self.socket_path, self._install, threads="dp",
+                                     before_stop=self._end_streams)  # fmt: skip
+        self._registrar = Registrar(self.kubelet_socket, self._register, label=resource,
+                                    endpoint=socket, log=log)  # fmt: skip
 
     @property
     def socket_path(self) -> Path:
@@ -211,74 +191,35 @@ class ResourcePlugin:
         return True
 
     def tick(self, now: float) -> None:
-        if self._server is None:
-            self._serve()
-        elif file_id(self.socket_path) != self._socket_id:
+        """Serve before registering; serve and register again when our socket was removed
+        or replaced, register again when kubelet.sock was (``hwplugins.kubeletsock``)."""
+        served = self._socket.keep()
+        if served == AGAIN:
             log.warning("%s: socket %s was removed; serving again", self.resource, self.socket)
-            self._stop_server()
-            self._serve()
-            self._registered_with = None
-        kubelet = file_id(self.kubelet_socket)
-        if kubelet is None:
-            if self._registered_with is not None:
-                log.warning(
-                    "%s: %s is gone; waiting for the kubelet", self.resource, self.kubelet_socket
-                )
-                self._registered_with = None
-            return
-        if kubelet != self._registered_with and now >= self._next_attempt:
-            self._register(kubelet, now)
+            self._registrar.forget()
+        if served is not None:
+            log.info("%s: serving DevicePlugin on %s", self.resource, self.socket_path)
+        self._registrar.tick(now)
 
     def close(self) -> None:
-        self._stop_server()
+        self._socket.stop()
 
-    def _serve(self) -> None:
-        path = self.socket_path
-        if os.path.lexists(path):
-            os.unlink(path)  # stale socket from an earlier run of this plugin
-        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
-            raise ServeError(f"socket path {path} is longer than {MAX_SOCKET_PATH} bytes")
-        server = grpc.server(ThreadPoolExecutor(max_workers=8, thread_name_prefix="dp"))
+    def _install(self, server: grpc.Server) -> None:
         _add_servicer(_Servicer(self, self.epoch), server)
-        try:
-            server.add_insecure_port(f"unix://{path}")
-        except RuntimeError as exc:
-            raise ServeError(f"cannot serve on {path}: {exc}") from exc
-        server.start()
-        self._server = server
-        self._socket_id = file_id(path)
-        log.info("%s: serving DevicePlugin on %s", self.resource, path)
 
-    def _stop_server(self) -> None:
-        server, self._server = self._server, None
-        if server is None:
-            return
+    def _end_streams(self) -> None:
         with self.cond:
             self.epoch += 1
             self.cond.notify_all()
-        server.stop(grace=None).wait(5)
-        if self._socket_id is not None and file_id(self.socket_path) == self._socket_id:
-            os.unlink(self.socket_path)
-        self._socket_id = None
 
-    def _register(self, kubelet: FileId, now: float) -> None:
+    def _register(self, channel: grpc.Channel) -> None:
         request = pb.RegisterRequest(
             version=API_VERSION,
             endpoint=self.socket,
             resource_name=self.resource,
             options=self.options(),
         )
-        try:
-            with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
-                _registration_stub(channel).Register(request, timeout=REGISTER_TIMEOUT)
-        except grpc.RpcError as exc:
-            code = exc.code() if isinstance(exc, grpc.Call) else None
-            detail = exc.details() if isinstance(exc, grpc.Call) else str(exc)
-            log.warning("%s: Register failed (%s: %s); retrying", self.resource, code, detail)
-            self._next_attempt = now + RETRY_AFTER
-            return
-        self._registered_with = kubelet
-        log.info("%s: registered with %s as %s", self.resource, self.kubelet_socket, self.socket)
+        _registration_stub(channel).Register(request, timeout=REGISTER_TIMEOUT)
 
 
 def _log_changes(resource: str, old: Sequence[Device], new: Sequence[Device]) -> None:

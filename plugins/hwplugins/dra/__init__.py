@@ -5,7 +5,8 @@
     slices        devices -> a pool's ResourceSlices (counters, partitions, taints); pure
     publisher     ResourceSlices to the API server (official kubernetes client)
     state         prepared claims: CDI spec files and the JSON checkpoint
-    kubeletplugin gRPC: Registration, DRAPlugin v1 + v1beta1, DRAResourceHealth v1alpha1
+    kubeletplugin gRPC: Registration, DRAPlugin v1 + v1beta1, DRAResourceHealth v1 + v1alpha1
+                  (sockets: hwplugins.kubeletsock)
     driver        the process: rescan loop, publisher, kubelet plugin (python -m hwplugins.dra)
 
 Never imports the sandbox: it reads only the files a real driver would read.

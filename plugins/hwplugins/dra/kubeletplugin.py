@@ -16,16 +16,15 @@ status next to each allocated device. A report is sent at once on a change and r
 every ``HEALTH_RESEND`` seconds; each declares ``HEALTH_TIMEOUT``: a driver that stops
 reporting leaves its devices ``Unknown`` that long after its last report (docs/health.md).
 
-A registration socket that disappears (someone cleaned the directory) is served again.
+A registration socket that disappears or is replaced (someone cleaned the directory) is
+served again once its directory is there; the sockets are ``hwplugins.kubeletsock``'s.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
@@ -45,12 +44,12 @@ from hwplugins.api import (
     pluginregistration_v1_pb2_grpc,
 )
 from hwplugins.dra.state import PreparedClaim
+from hwplugins.kubeletsock import AGAIN, KubeletSocket
 
 log = logging.getLogger("hwplugins.dra")
 
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth")
-MAX_SOCKET_PATH = 105  # grpcio refuses longer unix socket paths
 HEALTH_RESEND = 10.0  # seconds: a health report is repeated this often even without change
 HEALTH_TIMEOUT = 30  # seconds the kubelet may trust one report: 3 resends missed
 MAX_MESSAGE = 1024  # characters the kubelet keeps of a message
@@ -65,10 +64,6 @@ _add_health: dict[str, _Add] = {
     "v1": drahealth_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server,
     "v1alpha1": drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server,
 }
-
-
-class ServeError(Exception):
-    """A socket cannot be served (path too long, directory missing...)."""
 
 
 class Backend(Protocol):
@@ -171,24 +166,6 @@ class _Registration:
         return pluginregistration_v1_pb2.RegistrationStatusResponse()
 
 
-def _serve(path: Path, servicers: list[tuple[_Add, object]]) -> grpc.Server:
-    if len(str(path)) > MAX_SOCKET_PATH:
-        raise ServeError(f"{path}: unix socket path longer than {MAX_SOCKET_PATH} bytes")
-    if not path.parent.is_dir():
-        raise ServeError(f"{path.parent}: no such directory")
-    if os.path.lexists(path):
-        path.unlink()  # a stale socket of an earlier run
-    server = grpc.server(ThreadPoolExecutor(max_workers=8, thread_name_prefix="dra"))
-    for add, servicer in servicers:
-        add(servicer, server)
-    try:
-        server.add_insecure_port(f"unix://{path}")
-    except RuntimeError as exc:
-        raise ServeError(f"{path}: cannot listen: {exc}") from exc
-    server.start()
-    return server
-
-
 class KubeletPlugin:
     def __init__(self, backend: Backend, plugins_dir: Path, registry_dir: Path) -> None:
         self.backend = backend
@@ -196,45 +173,35 @@ class KubeletPlugin:
         self.registration_socket = registry_dir / f"{backend.name}-reg.sock"
         self.registration = _Registration(backend.name, self.endpoint)
         self._stopped = False
-        self._dra: grpc.Server | None = None
-        self._reg: grpc.Server | None = None
-        self._reg_id: tuple[int, int] | None = None
+        self._dra = KubeletSocket(self.endpoint, self._install_dra, threads="dra")
+        self._reg = KubeletSocket(self.registration_socket, self._install_registration,
+                                  threads="dra")  # fmt: skip
 
     def start(self) -> None:
         self.endpoint.parent.mkdir(parents=True, exist_ok=True)
-        self._dra = _serve(self.endpoint, [
-            (_add_dra["v1"], _DRAPlugin(self.backend, dra_v1_pb2)),
-            (_add_dra["v1beta1"], _DRAPlugin(self.backend, dra_v1beta1_pb2)),
-            (_add_health["v1"], _Health(self.backend, lambda: self._stopped, drahealth_v1_pb2)),
-            (_add_health["v1alpha1"],
-             _Health(self.backend, lambda: self._stopped, drahealth_v1alpha1_pb2)),
-        ])  # fmt: skip
-        self._register()
+        self._dra.serve()
+        self._reg.serve()
         log.info("serving %s; registration %s", self.endpoint, self.registration_socket)
-
-    def _register(self) -> None:
-        if self._reg is not None:
-            self._reg.stop(None)
-        self._reg = _serve(self.registration_socket,
-                           [(_add_registration, self.registration)])  # fmt: skip
-        st = os.lstat(self.registration_socket)
-        self._reg_id = (st.st_ino, st.st_ctime_ns)
 
     def tick(self) -> None:
         """Serve the registration socket again if it was removed or replaced."""
-        try:
-            st = os.lstat(self.registration_socket)
-            current: tuple[int, int] | None = (st.st_ino, st.st_ctime_ns)
-        except OSError:
-            current = None
-        if current != self._reg_id and self.registration_socket.parent.is_dir():
+        if self._reg.keep() == AGAIN:
             log.info("registration socket gone: registering again")
-            self._register()
 
     def stop(self) -> None:
         self._stopped = True
-        for server, path in ((self._reg, self.registration_socket), (self._dra, self.endpoint)):
-            if server is not None:
-                server.stop(2).wait(5)
-            if os.path.lexists(path):
-                path.unlink()
+        self._reg.stop(2)
+        self._dra.stop(2)
+
+    def _install_dra(self, server: grpc.Server) -> None:
+        _add_dra["v1"](_DRAPlugin(self.backend, dra_v1_pb2), server)
+        _add_dra["v1beta1"](_DRAPlugin(self.backend, dra_v1beta1_pb2), server)
+        _add_health["v1"](_Health(self.backend, self._is_stopped, drahealth_v1_pb2), server)
+        _add_health["v1alpha1"](_Health(self.backend, self._is_stopped, drahealth_v1alpha1_pb2),
+                                server)  # fmt: skip
+
+    def _is_stopped(self) -> bool:
+        return self._stopped
+
+    def _install_registration(self, server: grpc.Server) -> None:
+        _add_registration(self.registration, server)
