@@ -26,7 +26,7 @@ import pytest
 
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
-from sandbox.nvml.build import SOURCE, entrypoints, implemented, stubs_source
+from sandbox.nvml.build import SOURCES, entrypoints, implemented, stubs_source
 from sandbox.profile import load_profile
 from tests import nvml_ctypes as N
 from tests.nvidia import nvml_library
@@ -314,7 +314,7 @@ print(json.dumps({"before": before, "after": after}))
 
 
 def test_every_entry_point_is_exported_and_stubs_answer_not_supported(tmp_path: Path) -> None:
-    """entrypoints.txt is what the library exports (nm -D); each name nvml.c does not
+    """entrypoints.txt is what the library exports (nm -D); each name our C sources do not
     implement is a stub that takes no arguments, logs the call and returns NOT_SUPPORTED.
     Every stub is called, with no arguments, before and after nvmlInit, in a subprocess
     (a crash fails this test, not the test run)."""
@@ -365,7 +365,7 @@ def test_threads_under_sanitizers(tmp_path: Path, sanitizer: str) -> None:
     exe = tmp_path / "stress"
     build = subprocess.run(
         ["gcc", "-O1", "-g", "-pthread", f"-fsanitize={sanitizer}", "-fno-omit-frame-pointer",
-         "-o", str(exe), str(REPO / "tests/data/nvml_stress.c"), str(SOURCE), str(stubs)],
+         "-o", str(exe), str(REPO / "tests/data/nvml_stress.c"), *map(str, SOURCES), str(stubs)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""Our NVML (sandbox/nvml/nvml.c) against hostile files where it expects regular ones: a
+"""Our NVML (sandbox/nvml) against hostile files where it expects regular ones: a
 FIFO (or a symbolic link) as the state file, as a GPU's ``information`` file, or as
 ``HWSANDBOX_NVML_LOG``. Each must give an NVML answer (an error code, or success without
 that file, docs/nvml.md "Hostile files") instead of blocking in ``open``/``read`` while

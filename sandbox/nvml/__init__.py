@@ -1,9 +1,11 @@
 """hw-sandbox's own NVML (``libnvidia-ml.so.1``), written in C from NVML's published API
 facts, so NVIDIA's unmodified device plugin and gpu-feature-discovery run on fake GPUs.
 
-``build()`` compiles ``nvml.c`` (plus a NOT_SUPPORTED stub for every other entry point in
-``entrypoints.txt``) with gcc into the cache, keyed by the sources' hash; the state file
-the library reads is written by ``sandbox.fakehw._nvml``. See docs/nvml.md.
+``build()`` compiles the C sources here (``nvml_abi.h`` is NVML's ABI, ``state.c`` reads
+the tree, the other ``.c`` files are the entry points by area), plus a NOT_SUPPORTED stub
+for every other entry point in ``entrypoints.txt``, with gcc into the cache, keyed by the
+hash of the sources and headers; the state file the library reads is written by
+``sandbox.fakehw._nvml``. See docs/nvml.md.
 """
 
 from sandbox.errors import NvmlBuildError

@@ -19,7 +19,10 @@ from pathlib import Path
 
 from sandbox.errors import NvmlBuildError
 
-SOURCE = Path(__file__).with_name("nvml.c")
+HERE = Path(__file__).parent
+# every C file here is compiled; with the headers, all are hashed into the cache key
+SOURCES = tuple(sorted(HERE.glob("*.c")))
+HEADERS = tuple(sorted(HERE.glob("*.h")))
 ENTRYPOINTS = Path(__file__).with_name("entrypoints.txt")
 LIBRARY_NAME = "libnvidia-ml.so.1"
 CFLAGS = ("-shared", "-fPIC", "-O2", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra",
@@ -45,12 +48,12 @@ def entrypoints() -> list[str]:
 
 
 def implemented() -> set[str]:
-    """Entry points nvml.c defines itself."""
-    return set(_IMPLEMENTED.findall(SOURCE.read_text()))
+    """Entry points our C sources define themselves."""
+    return {name for source in SOURCES for name in _IMPLEMENTED.findall(source.read_text())}
 
 
 def stubs_source() -> str:
-    """C source for every entry point nvml.c does not define: each logs the call (when
+    """C source for every entry point our C sources do not define: each logs the call (when
     HWSANDBOX_NVML_LOG is set) and returns NVML_ERROR_NOT_SUPPORTED. On the supported
     64-bit ABIs a caller's arguments are its own to clean up, so one argument-less
     definition serves any signature."""
@@ -70,7 +73,11 @@ def stubs_source() -> str:
 
 def _key(gcc: str) -> str:
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), stubs_source().encode(), " ".join(CFLAGS).encode(),
+    for source in (*SOURCES, *HEADERS):
+        for part in (source.name.encode(), source.read_bytes()):
+            h.update(part)
+            h.update(b"\0")
+    for part in (stubs_source().encode(), " ".join(CFLAGS).encode(),
                  os.path.realpath(gcc).encode()):  # fmt: skip
         h.update(part)
         h.update(b"\0")
@@ -99,7 +106,7 @@ def build() -> Path:
         stubs = Path(work) / "stubs.c"
         stubs.write_text(stubs_source())
         out = Path(work) / LIBRARY_NAME
-        argv = [gcc, *CFLAGS, "-o", str(out), str(SOURCE), str(stubs)]
+        argv = [gcc, *CFLAGS, "-o", str(out), *map(str, SOURCES), str(stubs)]
         result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
         if result.returncode != 0:
             raise NvmlBuildError(

@@ -1,4 +1,4 @@
-/* Threaded stress driver for our NVML (sandbox/nvml/nvml.c), built by tests/test_nvml.py
+/* Threaded stress driver for our NVML (sandbox/nvml), built by tests/test_nvml.py
  * together with the library under -fsanitize=address,undefined and -fsanitize=thread:
  * 8 threads x ROUNDS (argv[1], default 300) rounds of nested init, handle, UUID, memory, event registration, a
  * short wait, event set free and shutdown (which starts and joins the event poller). */
