@@ -151,3 +151,29 @@ def test_multi_node_picture_is_16_9_with_live_vf_counts(state_root: Path) -> Non
     assert [int((p / "sriov_numvfs").read_text()) for p in pfs] == [5, 3]
 
     assert sandbox(state_root, "down").returncode == 0
+
+
+def test_picture_is_of_the_spec_the_sandbox_came_up_with(state_root: Path) -> None:
+    """`status` reads the resolved spec the runtime wrote (state/spec.json), not the profile
+    again: after the profile file changed (here: another node, then not a profile at all)
+    the picture still shows the node the sandbox runs, and the table matches it."""
+    require_fuse()
+    profile = state_root.parent / f"{state_root.name}-profile.yaml"
+    profile.write_text((cli.REPO / "profiles" / "mig-single.yaml").read_text())
+    try:
+        up = sandbox(state_root, "up", str(profile), "--runtime", "local")
+        assert up.returncode == 0, up.stderr
+        profile.write_text(profile.read_text().replace("mig-worker", "renamed-worker"))
+        _, picture = _picture(state_root)
+        _same_as_status(picture, _json(state_root))
+        nodes = [g.get("data-node") for g in picture.iter(f"{SVG}g") if g.get("class") == "node"]
+        assert nodes == ["mig-worker"]
+        profile.write_text("kind: not-a-profile\n")
+        _, picture = _picture(state_root)
+        _same_as_status(picture, _json(state_root))
+        table = sandbox(state_root, "status")
+        assert table.returncode == 0, table.stderr
+        assert "note:" not in table.stderr
+        assert sandbox(state_root, "down").returncode == 0
+    finally:
+        profile.unlink(missing_ok=True)

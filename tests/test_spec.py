@@ -162,3 +162,34 @@ def test_read_node_picks_the_node_of_a_spec_file(tmp_path: Path) -> None:
         with pytest.raises(SpecError) as info:
             spec.read_node(*args)
         assert str(info.value) == message
+
+
+def test_status_reads_the_spec_files_each_runtime_writes(tmp_path: Path) -> None:
+    """`sandbox status` draws the spec a sandbox was brought up with: the local runtime's
+    whole cluster in state/spec.json, the native one's node there, kind's one file per
+    replica in state/nodes/<replica>/spec.json (in the record's order)."""
+    from sandbox.cli.status import spec_files
+    from sandbox.session import Session
+
+    cluster = load_profile(ROOT / "profiles" / "workshop-mixed.yaml").cluster
+    local = tmp_path / "local"
+    local.mkdir()
+    (local / "spec.json").write_text(spec.dump(cluster))
+    got = spec.read_cluster(spec_files(Session("local", local, {})), "local")
+    assert got.nodes == cluster.nodes
+    native = tmp_path / "native"
+    native.mkdir()
+    (native / "spec.json").write_text(spec.dump(cluster.nodes[1]))
+    assert spec.read_cluster(spec_files(Session("n", native, {}))).nodes == cluster.nodes[1:2]
+    kind = tmp_path / "kind"
+    order = [n.name for n in reversed(cluster.nodes)]
+    for node in cluster.nodes:
+        (kind / "nodes" / node.name).mkdir(parents=True)
+        (kind / "nodes" / node.name / "spec.json").write_text(spec.dump(node))
+    record = {"nodes": {name: {} for name in order}}
+    got = spec.read_cluster(spec_files(Session("kind", kind, record)))
+    assert [n.name for n in got.nodes] == order
+    assert got.nodes == tuple(reversed(cluster.nodes))
+    (kind / "nodes" / order[0] / "spec.json").write_text("{}")
+    with pytest.raises(SpecError, match=f"nodes/{order[0]}/spec.json: not a resolved spec"):
+        spec.read_cluster(spec_files(Session("kind", kind, record)))

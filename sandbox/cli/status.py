@@ -20,12 +20,11 @@ from sandbox.errors import SandboxError
 from sandbox.outfile import check_target, write_file
 from sandbox.podhealth import PodDeviceHealth, device_names, read_sandbox_pod_health
 from sandbox.podresources import natural
-from sandbox.profile import load_profile
 from sandbox.profile.cpulist import format_cpulist
-from sandbox.profile.spec import Cluster, NodeSpec
+from sandbox.profile.spec import Cluster, NodeSpec, read_cluster
 from sandbox.runtimes import runtime_for
 from sandbox.runtimes.base import NodeStatus, Runtime, SandboxStatus
-from sandbox.session import find_session
+from sandbox.session import Session, find_session
 from sandbox.textui import dump, size, table
 
 RUNTIME_NOTE = {
@@ -120,7 +119,7 @@ def check_picture_file(args: argparse.Namespace) -> None:
 
 def text(status: SandboxStatus, cluster: Cluster | None = None, pod: str | None = None,
          health: Mapping[str, Sequence[PodDeviceHealth]] | None = None) -> str:
-    """The table output. ``cluster`` (the profile, where it loads) maps the kubelet's CPU
+    """The table output. ``cluster`` (the resolved spec, where it reads) maps the kubelet's CPU
     ids to NUMA nodes; ``pod``: only that pod's allocations are in ``status`` (--pod);
     ``health``: node name -> its pods' device health (a node missing: not asked)."""
     out = [f"sandbox {status.name}  runtime: {status.runtime} "
@@ -342,20 +341,36 @@ def only_pod(runtime: Runtime, state_dir: Path, status: SandboxStatus, namespace
         raise SandboxError("; ".join(problems))
 
 
-def _profile(status: SandboxStatus, needed: bool, wanted: bool = False) -> Cluster | None:
-    """The sandbox's profile: for svg/png it must load; else only where a kubelet told
+def spec_files(session: Session) -> list[Path]:
+    """Where the runtime wrote the spec the sandbox was brought up with (what its servers
+    read): ``state_dir/spec.json`` (local: the cluster; native: its node), else one per
+    replica, ``state_dir/nodes/<replica>/spec.json`` (kind), in the record's order."""
+    whole = session.state_dir / "spec.json"
+    if whole.exists():
+        return [whole]
+    files = [session.state_dir / "nodes" / name / "spec.json"
+             for name in session.record.get("nodes", {})]
+    if not files:
+        raise SandboxError(f"{session.state_dir}: no resolved spec (spec.json) yet")
+    return files
+
+
+def _spec(session: Session, status: SandboxStatus, needed: bool,
+          wanted: bool = False) -> Cluster | None:
+    """The resolved spec the sandbox was brought up with (never the profile resolved again:
+    it may have changed since): for svg/png it must read; else only where a kubelet told
     something to map onto it (``wanted``: the pods' device health will), and a failure is
     a note on stderr."""
     if not needed and not wanted and all(n.allocatable is None for n in status.nodes):
         return None
     try:
-        return load_profile(status.profile).cluster
+        return read_cluster(spec_files(session), status.name)
     except (SandboxError, OSError) as exc:
         if needed:
             raise
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        print(f"note: profile {status.profile}: {first}; devices and CPUs are not matched "
-              "to the profile", file=sys.stderr)
+        print(f"note: {first}; devices and CPUs are not matched to the profile",
+              file=sys.stderr)
         return None
 
 
@@ -400,7 +415,7 @@ def _once(args: argparse.Namespace, compact: bool = False) -> int:
         only_pod(runtime, session.state_dir, status, *pod)
     picture = args.output in ("svg", "png")
     kubeconfig = session.record.get("kubeconfig")
-    cluster = _profile(status, picture, wanted=bool(kubeconfig))
+    cluster = _spec(session, status, picture, wanted=bool(kubeconfig))
     mark_holders(status, cluster)
     health = read_health(str(kubeconfig) if kubeconfig else None, status, cluster, pod)
     if args.output == "json":
@@ -413,7 +428,7 @@ def _once(args: argparse.Namespace, compact: bool = False) -> int:
     if args.output == "table":
         sys.stdout.write(text(status, cluster, "/".join(pod) if pod else None, health))
         return ready
-    assert cluster is not None  # _profile raises for a picture
+    assert cluster is not None  # _spec raises for a picture
     write_picture(picture_svg(status, cluster, health, args.scale), args.output, args.file,
                   args.force)
     return ready

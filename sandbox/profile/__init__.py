@@ -12,13 +12,8 @@ back as a profile with every default stated (``sandbox show -o yaml``).
 """
 
 from sandbox.profile.bundled import PROFILE_HELP
-from sandbox.profile.loader import (
-    STDIN_NAME,
-    LoadedProfile,
-    format_loc,
-    load_profile,
-    load_profile_text,
-)
+from sandbox.profile.document import STDIN_NAME, format_loc
+from sandbox.profile.loader import LoadedProfile, load_profile, load_profile_text
 from sandbox.profile.model import API_VERSION, KIND, Profile
 from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
 

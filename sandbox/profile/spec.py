@@ -18,6 +18,7 @@ import json
 import os
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -343,14 +344,7 @@ def read_node(path: str | os.PathLike[str], node: str | None = None,
               index: int | None = None) -> NodeSpec:
     """The node of a spec file: the file's NodeSpec (which must be ``node`` if given), or
     the node of its Cluster named ``node`` (optional when the cluster has one node)."""
-    try:
-        text = Path(path).read_bytes()
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the resolved spec: {exc.strerror}") from None
-    try:
-        spec = load(text)
-    except SpecError as exc:
-        raise SpecError(f"{path}: {exc}") from None
+    spec = _read(path)
     if isinstance(spec, NodeSpec):
         if node is not None and Cluster("", "", (spec,)).node(node, index) is None:
             raise SpecError(f"{path}: holds node {spec.name!r}, not {node!r}")
@@ -364,6 +358,32 @@ def read_node(path: str | os.PathLike[str], node: str | None = None,
     if found is None:
         raise SpecError(f"{path}: no node {node!r} (nodes: {names})")
     return found
+
+
+def read_cluster(paths: Sequence[str | os.PathLike[str]], name: str = "") -> Cluster:
+    """The nodes of spec files (each a NodeSpec or a Cluster) as one Cluster, in order: a
+    sandbox's spec as its runtime wrote it, whole or one file per replica."""
+    nodes: list[NodeSpec] = []
+    description = ""
+    for path in paths:
+        spec = _read(path)
+        if isinstance(spec, Cluster):
+            nodes += spec.nodes
+            name, description = name or spec.name, description or spec.description
+        else:
+            nodes.append(spec)
+    return Cluster(name, description, tuple(nodes))
+
+
+def _read(path: str | os.PathLike[str]) -> NodeSpec | Cluster:
+    try:
+        text = Path(path).read_bytes()
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the resolved spec: {exc.strerror}") from None
+    try:
+        return load(text)
+    except SpecError as exc:
+        raise SpecError(f"{path}: {exc}") from None
 
 
 def _encode(value: Any) -> Any:
