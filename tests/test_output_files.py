@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.agent import unmount
-from sandbox.dra import node_slices
+from sandbox.draconfig import node_slices
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from sandbox.dra import driver_config
+from sandbox.draconfig import driver_config
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile

@@ -30,7 +30,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from sandbox.dra import driver_config
+from sandbox.draconfig import driver_config
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
 from sandbox.kubelet import Claim, PluginWatcher

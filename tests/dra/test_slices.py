@@ -22,7 +22,7 @@ from hwplugins.dra import TAINT_KEY, build_pool, discover, parse_config, resourc
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sandbox.dra import driver_config, node_slices
+from sandbox.draconfig import driver_config, node_slices
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import DeviceState, Health, Reason

@@ -183,7 +183,7 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress,
     """
     from hwplugins.dra import DRIVER
 
-    from sandbox.dra import driver_config
+    from sandbox.draconfig import driver_config
 
     root = kubelet_root()
     registry = root / "plugins_registry"
