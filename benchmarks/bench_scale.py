@@ -28,7 +28,7 @@ from pathlib import Path
 
 from _profiles import NODE, gpu_profile
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.control import ControlClient
 from sandbox.fakehw.serve.fs import FAST_MODE_AVAILABLE
 from sandbox.fakehw.tree import File

@@ -17,7 +17,7 @@ from hwplugins.dra import ConfigError, build_pool, config_from_devices, discover
 from hwplugins.dra import resource_slices as make_slices
 
 from sandbox.errors import SandboxError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import NodeSpec
 

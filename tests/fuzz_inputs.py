@@ -513,7 +513,7 @@ def check_profile(text: str, name: str) -> str | None:
     """Load, resolve and build every node of ``text``: None if only located ProfileErrors
     came out, else what is wrong."""
     from sandbox.errors import ProfileError
-    from sandbox.fakehw.build import build_tree
+    from sandbox.fakehw.builder import build_tree
     from sandbox.profile import load_profile_text
 
     try:
@@ -599,7 +599,7 @@ def scenario_case(seed: int, i: int, seeds: list[Any]) -> str:
 
 def run_batch(kind: str, seed: int, count: int, memory: int) -> None:
     """Every example of a batch, each in its own limited child (see the module doc)."""
-    import sandbox.fakehw.build  # noqa: F401 - warm: every child starts with these loaded
+    import sandbox.fakehw.builder  # noqa: F401 - warm: every child starts with these loaded
     import sandbox.fakehw.control.scenario  # noqa: F401
     import sandbox.profile  # noqa: F401
 

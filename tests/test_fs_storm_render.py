@@ -25,7 +25,7 @@ import pytest
 
 from sandbox.agent import unmount
 from sandbox.errors import ControlError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.changes import next_state
 from sandbox.fakehw.control import ControlClient
 from sandbox.fakehw.control.scenario import apply_action, storm

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.fakehw.build import _net, build_tree
-from sandbox.fakehw.build._gpu import drm_minors
+from sandbox.fakehw.builder import _net, build_tree
+from sandbox.fakehw.builder._gpu import drm_minors
 from sandbox.fakehw.serve.treediff import diff_index, kind_of
 from sandbox.fakehw.tree import (
     BlockDevice,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.errors import ControlError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.changes import Change
 from sandbox.fakehw.control.scenario import storm
 from sandbox.fakehw.serve.live import LiveTree

@@ -18,7 +18,7 @@ import trio
 from sandbox import supervisor
 from sandbox.agent.devdir import create_device_nodes, remove_device_nodes
 from sandbox.errors import SandboxError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.control import ControlPaths
 from sandbox.fakehw.serve.fs import serve
 from sandbox.fakehw.serve.mountroot import check_mount_root

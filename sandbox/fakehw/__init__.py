@@ -1,6 +1,6 @@
 """Fake hardware: the tree a node's /sys, /dev and /proc are served from.
 
-    build/     build_tree(node, states) -> Tree: pure, a resolved node + device states
+    builder/   build_tree(node, states) -> Tree: pure, a resolved node + device states
     render     render(tree, out_dir): write it to a plain directory
     serve/     serve it live: LiveTree, the FUSE filesystem (fs.serve), the control server
     control/   ControlClient (change a live tree: faults, hotplug), the wire format, scenarios
@@ -11,7 +11,7 @@ to one device and the state it leads to), ``states`` (states as JSON, the state 
 tree may never be written or mounted).
 """
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import (
     CharDevice,

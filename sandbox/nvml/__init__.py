@@ -3,7 +3,7 @@ facts, so NVIDIA's unmodified device plugin and gpu-feature-discovery run on fak
 
 ``build()`` compiles ``nvml.c`` (plus a NOT_SUPPORTED stub for every other entry point in
 ``entrypoints.txt``) with gcc into the cache, keyed by the sources' hash; the state file
-the library reads is written by ``sandbox.fakehw.build._nvidia_proc``. See docs/nvml.md.
+the library reads is written by ``sandbox.fakehw.builder._nvidia_proc``. See docs/nvml.md.
 """
 
 from sandbox.errors import NvmlBuildError

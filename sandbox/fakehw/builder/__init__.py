@@ -9,6 +9,6 @@ file under ``proc/driver/nvidia`` that our NVML library reads; ``_common`` what 
 No I/O: serving the tree is ``fakehw.serve``, writing it to a directory ``fakehw.render``.
 """
 
-from sandbox.fakehw.build.node import build_partial, build_tree
+from sandbox.fakehw.builder.node import build_partial, build_tree
 
 __all__ = ["build_partial", "build_tree"]

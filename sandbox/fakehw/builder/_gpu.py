@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 
-from sandbox.fakehw.build import _nvidia_proc
-from sandbox.fakehw.build._common import RW, Ctx
-from sandbox.fakehw.build._pci import PciPlan
+from sandbox.fakehw.builder import _nvidia_proc
+from sandbox.fakehw.builder._common import RW, Ctx
+from sandbox.fakehw.builder._pci import PciPlan
 from sandbox.profile import catalogue
 from sandbox.profile.spec import DeviceSpec
 
