@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from fakehw_serve import _load_rebuild  # noqa: E402
 
 from sandbox.fakehw.control import ControlClient  # noqa: E402
-from sandbox.fakehw.fs import FAST_MODE_AVAILABLE  # noqa: E402
+from sandbox.fakehw.serve.fs import FAST_MODE_AVAILABLE  # noqa: E402
 from sandbox.fakehw.tree import (  # noqa: E402
     CharDevice,
     DeviceState,

@@ -26,7 +26,7 @@ import tracemalloc
 from pathlib import Path
 
 from sandbox.errors import ProfileError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.profile import NodeSpec, load_profile_text
 from sandbox.profile.resolve import limits
 

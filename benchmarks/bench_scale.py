@@ -28,9 +28,9 @@ from pathlib import Path
 
 from _profiles import NODE, gpu_profile
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.control import ControlClient
-from sandbox.fakehw.fs import FAST_MODE_AVAILABLE
+from sandbox.fakehw.serve.fs import FAST_MODE_AVAILABLE
 from sandbox.fakehw.tree import File
 from sandbox.profile import load_profile
 

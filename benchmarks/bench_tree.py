@@ -21,7 +21,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import DeviceState, Health, Reason
 from sandbox.profile import load_profile, load_profile_text

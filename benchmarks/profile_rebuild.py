@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.tree import DeviceState, Tree
 from sandbox.profile import NodeSpec, load_profile
 

@@ -15,7 +15,7 @@ with a ``message`` such as ``aer-fatal: ...``.
 id where it can be (``device_owners``, ``owner_of``): that is how a fault injected on
 ``gpu3`` is seen to reach the pod that holds it. ``read_sandbox_pod_health`` does so for
 every node of a sandbox (``sandbox status``), ``PodHealthLookup`` for one pod at a time
-(the ``pod_health`` of ``sandbox.fakehw.scenario.run_scenario``). They read the raw JSON:
+(the ``pod_health`` of ``sandbox.fakehw.control.scenario.run_scenario``). They read the raw JSON:
 the client's model may predate the field.
 """
 

@@ -8,10 +8,11 @@ log file. A process is known by its ``Proc``: name, pid, *start time* and log. T
 time (``/proc/PID/stat`` field 22) is what tells it from a later process that reuses the
 pid: nothing here signals a pid whose start time has changed.
 
-Readiness has one protocol: a server prints a line starting with ``ready`` on stdout
-(flushed) once it serves; ``wait_ready`` finds it in the log, after where the log ended
-when the process was spawned, and fails at once, with the log's tail, if the process
-exits first.
+Readiness has one protocol: a server prints ``ready_line(...)`` on stdout (flushed) once
+it serves: ``ready`` and what reaching it takes (a node server: ``ready SOCKET PID``; the
+kubelet harness: ``ready``); ``wait_ready`` finds it in the log, after where the log ended
+when the process was spawned, and returns its fields (``parse_ready``), or fails at once,
+with the log's tail, if the process exits first.
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ _LAUNCH = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
 
 class SpawnError(SandboxError):
     """A process could not be started, or did not become ready."""
+
+
+def ready_line(*fields: object) -> str:
+    """The line a server prints once it serves: ``ready`` and ``fields``, space-separated."""
+    return " ".join([READY.decode(), *(str(f) for f in fields)])
+
+
+def parse_ready(line: bytes) -> list[str]:
+    """The fields of a ready line (``ready_line``'s), split at spaces; SpawnError if it
+    is not one."""
+    words = line.decode(errors="replace").split(" ")
+    if words[0] != READY.decode():
+        raise SpawnError(f"not a ready line: {line!r}")
+    return words[1:]
 
 
 def start_time(pid: int) -> str | None:
@@ -159,12 +174,12 @@ def wait_line(proc: Proc, prefix: bytes, timeout: float) -> bytes:
         time.sleep(0.01)
 
 
-def wait_ready(proc: Proc, timeout: float = 20.0) -> bytes:
-    """Until ``proc`` prints its ``ready`` line; returns the line. SpawnError when it exits
-    first or is not ready within ``timeout`` (it is then stopped: a server that is not
-    ready is of no use to anyone)."""
+def wait_ready(proc: Proc, timeout: float = 20.0) -> list[str]:
+    """Until ``proc`` prints its ready line; returns its fields (``parse_ready``).
+    SpawnError when it exits first or is not ready within ``timeout`` (it is then stopped:
+    a server that is not ready is of no use to anyone)."""
     try:
-        return wait_line(proc, READY, timeout)
+        return parse_ready(wait_line(proc, READY, timeout))
     except SpawnError:
         stop([proc], timeout=2.0)
         raise

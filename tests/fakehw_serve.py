@@ -3,7 +3,7 @@
     PYTHONPATH=tests python -m fakehw_serve ROOT --rebuild fakehw_toy:rebuild
 
 ``sandbox mount`` serves a profile's (or a resolved spec's) node; this serves hand-made
-trees (``fakehw_toy``) through the same ``sandbox.fakehw.fs.serve``, and prints
+trees (``fakehw_toy``) through the same ``sandbox.fakehw.serve.fs.serve``, and prints
 ``ready SOCKET`` once mounted and listening.
 """
 
@@ -20,8 +20,9 @@ import trio
 
 from sandbox.errors import MountError
 from sandbox.fakehw.control import ControlPaths
-from sandbox.fakehw.fs import DEFAULT_DEV_MAP, serve
-from sandbox.fakehw.live import Rebuild
+from sandbox.fakehw.serve.fs import DEFAULT_DEV_MAP, serve
+from sandbox.fakehw.serve.live import Rebuild
+from sandbox.fakehw.serve.mountroot import check_mount_root
 
 
 def _load_rebuild(spec: str) -> Rebuild:
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rebuild = _load_rebuild(args.rebuild)
         trio.run(
             lambda: serve(
-                args.root,
+                check_mount_root(args.root),
                 rebuild,
                 state_dir=args.state_dir,
                 dev_map=args.dev_map,

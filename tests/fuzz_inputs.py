@@ -513,7 +513,7 @@ def check_profile(text: str, name: str) -> str | None:
     """Load, resolve and build every node of ``text``: None if only located ProfileErrors
     came out, else what is wrong."""
     from sandbox.errors import ProfileError
-    from sandbox.fakehw.build import build_tree
+    from sandbox.fakehw.builder import build_tree
     from sandbox.profile import load_profile_text
 
     try:
@@ -561,7 +561,7 @@ _LOCATED = re.compile(r"(?P<line>[0-9]+):(?P<col>[0-9]+): (?P<rest>.*)", re.DOTA
 def check_scenario(text: str, source: str) -> str | None:
     """Parse and expand ``text``: None if only located ScenarioErrors came out."""
     from sandbox.errors import ScenarioError
-    from sandbox.fakehw.scenario import expand, parse_scenario_text
+    from sandbox.fakehw.control.scenario import expand, parse_scenario_text
 
     try:
         expand(parse_scenario_text(text, source=source), ["gpu0", "nic0"])
@@ -599,8 +599,8 @@ def scenario_case(seed: int, i: int, seeds: list[Any]) -> str:
 
 def run_batch(kind: str, seed: int, count: int, memory: int) -> None:
     """Every example of a batch, each in its own limited child (see the module doc)."""
-    import sandbox.fakehw.build  # noqa: F401 - warm: every child starts with these loaded
-    import sandbox.fakehw.scenario  # noqa: F401
+    import sandbox.fakehw.builder  # noqa: F401 - warm: every child starts with these loaded
+    import sandbox.fakehw.control.scenario  # noqa: F401
     import sandbox.profile  # noqa: F401
 
     seeds = seed_scenarios() if kind == "scenario" else seed_profiles()

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from sandbox.capture import Capture, CaptureError, capture, write_capture
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.outfile import OutputError
 from sandbox.profile import load_profile, load_profile_text

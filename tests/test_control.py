@@ -14,7 +14,7 @@ import pytest
 
 from sandbox.errors import ControlError, SandboxError
 from sandbox.fakehw.control import MAX_LINE, ControlClient, control_paths, parse_request
-from sandbox.fakehw.scenario import (
+from sandbox.fakehw.control.scenario import (
     ScenarioError,
     expand,
     load_scenario,
@@ -401,7 +401,7 @@ def test_raw_socket_protocol(server: Server) -> None:
 
 
 def test_per_port_vf_counts_survive_the_state_file() -> None:
-    from sandbox.fakehw.live import Change, next_state
+    from sandbox.fakehw.changes import Change, next_state
     from sandbox.fakehw.states import state_from_json, state_to_json
     from sandbox.fakehw.tree import DeviceState
 

@@ -25,7 +25,8 @@ from typing import BinaryIO
 import pytest
 
 from sandbox.errors import ControlError
-from sandbox.fakehw.control import MAX_CONNECTIONS, MAX_LINE, ControlClient
+from sandbox.fakehw.control import MAX_LINE, ControlClient
+from sandbox.fakehw.serve.controlserver import MAX_CONNECTIONS
 from tests.fakehw_toy import Server, require_fuse, serving, start_server
 
 GPU0 = "sys/devices/pci0000:00/0000:10:00.0"

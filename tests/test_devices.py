@@ -17,7 +17,7 @@ from hwplugins.devices import Scanner, scan
 from hwplugins.dra import discover as dra_discover
 from hwplugins.dra import from_scan
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import DeviceState, Health, Reason
 from sandbox.profile import load_profile

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hwplugins.devices import PARALLEL_FROM, Scanner
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import DeviceState, Health, Reason
 from sandbox.profile import load_profile

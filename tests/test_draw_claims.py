@@ -1,7 +1,7 @@
 """The claims picture (``sandbox dra claims -o svg|png``) from the driver's own slices.
 
 The slices are what the reference DRA driver builds for a shipped profile
-(``sandbox.dra.node_slices``: its discovery and slice code on the rendered tree); the
+(``sandbox.draconfig.node_slices``: its discovery and slice code on the rendered tree); the
 claims are allocation results as the scheduler writes them. What the API objects say on a
 real cluster, and that the picture shows it: tests/dra/test_claims_view.py.
 """
@@ -13,7 +13,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sandbox.dra import Allocated, Left, Usage, node_slices, quantity, usage
+from sandbox.draclaims import Allocated, Left, Usage, quantity, usage
+from sandbox.draconfig import node_slices
 from sandbox.draw import claims_svg, svg_to_png
 from sandbox.profile import load_profile
 from tests.test_draw_layout import check_layout, png_size

@@ -1,7 +1,7 @@
 """The FUSE server without its no-open fast mode: every open a round trip, as before it.
 
 The fast mode needs pyfuse3 built with our patch; without it, or with
-``HWSANDBOX_FUSE_FAST=0``, the server serves in the old mode (sandbox/fakehw/fs.py). These
+``HWSANDBOX_FUSE_FAST=0``, the server serves in the old mode (sandbox/fakehw/serve/fs.py). These
 tests mount the toy tree (tests/fakehw_toy.py) in that mode, with kernel caches warm, and
 check that the whole mount equals a fresh render before and after a health fault and an
 unplug/plug, and that the mode really is the old one: the readdir offsets the kernel
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.fakehw.control import ControlClient
-from sandbox.fakehw.fs import FAST_MODE_AVAILABLE
+from sandbox.fakehw.serve.fs import FAST_MODE_AVAILABLE
 from sandbox.fakehw.tree import DeviceState, Health, Reason
 from tests.fakehw_toy import Server, rebuild, start_server
 from tests.test_fs_live import GPU0, snapshot_mount, snapshot_tree

@@ -1,9 +1,9 @@
 """The live FUSE tree: real mounts served by a subprocess, checked through the kernel.
 
 Every test mounts ``fakehw_toy`` (a hand-made tree) with ``python -m fakehw_serve``
-(tests/fakehw_serve.py, over ``sandbox.fakehw.fs.serve``) and unmounts with
+(tests/fakehw_serve.py, over ``sandbox.fakehw.serve.fs.serve``) and unmounts with
 ``fusermount3 -u``, asserting the server exits 0. Missing FUSE fails with an install hint.
-The pure diff/state logic of ``sandbox.fakehw.live`` is tested here too, without a mount.
+The pure diff/state logic of ``sandbox.fakehw.serve.live`` is tested here too, without a mount.
 """
 
 from __future__ import annotations
@@ -21,10 +21,12 @@ from pathlib import Path
 import pytest
 
 from sandbox.errors import ControlError, MountError
+from sandbox.fakehw.changes import Change, next_state
 from sandbox.fakehw.control import ControlClient
-from sandbox.fakehw.live import Change, LiveTree, next_state
-from sandbox.fakehw.mountroot import check_mount_root, mounted_fstype, recover_mount
-from sandbox.fakehw.scenario import storm
+from sandbox.fakehw.control.scenario import storm
+from sandbox.fakehw.serve.live import LiveTree
+from sandbox.fakehw.serve.mountroot import check_mount_root, mounted_fstype, recover_mount
+from sandbox.fakehw.serve.treediff import diff_index
 from sandbox.fakehw.states import load_states, save_states
 from sandbox.fakehw.tree import (
     BlockDevice,
@@ -37,7 +39,6 @@ from sandbox.fakehw.tree import (
     Symlink,
     Tree,
 )
-from sandbox.fakehw.treediff import diff_index
 from sandbox.profile.catalogue import fault_reasons
 from tests.fakehw_toy import Server, make_rebuild, rebuild, require_fuse, start_server
 
@@ -167,8 +168,8 @@ def test_refuses_real_sys_dev_proc(path: str) -> None:
 
 
 def test_recover_mount_on_plain_dir_is_a_no_op(tmp_path: Path) -> None:
-    assert recover_mount(tmp_path) is False
-    assert recover_mount(tmp_path / "missing") is False
+    assert recover_mount(check_mount_root(tmp_path)) is False
+    assert recover_mount(check_mount_root(tmp_path / "missing")) is False
 
 
 # -- real mounts ------------------------------------------------------------------------
@@ -393,7 +394,7 @@ def _readers_storm(server: Server, changes: int, seed: int) -> dict[str, int]:
         t.start()
     try:
         with ControlClient(server.socket) as c:
-            from sandbox.fakehw.scenario import apply_action
+            from sandbox.fakehw.control.scenario import apply_action
 
             for a in actions:
                 assert a.change is not None

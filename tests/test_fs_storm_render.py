@@ -25,11 +25,11 @@ import pytest
 
 from sandbox.agent import unmount
 from sandbox.errors import ControlError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
+from sandbox.fakehw.changes import next_state
 from sandbox.fakehw.control import ControlClient
-from sandbox.fakehw.fs import FAST_MODE_AVAILABLE
-from sandbox.fakehw.live import next_state
-from sandbox.fakehw.scenario import apply_action, storm
+from sandbox.fakehw.control.scenario import apply_action, storm
+from sandbox.fakehw.serve.fs import FAST_MODE_AVAILABLE
 from sandbox.fakehw.tree import DeviceState
 from sandbox.profile import load_profile
 from tests.fakehw_toy import require_fuse

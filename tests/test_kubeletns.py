@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile
 from sandbox.runtimes import kindtopology, kubeletns

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import File
 from sandbox.profile import load_profile_text

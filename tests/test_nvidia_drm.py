@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import CharDevice, DeviceState, File, Symlink, Tree
 from sandbox.profile import load_profile, load_profile_text

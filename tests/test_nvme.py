@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.fakehw import _nvme
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import _nvme, build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import (
     BlockDevice,

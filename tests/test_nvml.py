@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.nvml.build import SOURCES, entrypoints, implemented, stubs_source
 from sandbox.profile import load_profile

@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from sandbox.agent import unmount
-from sandbox.dra import node_slices
-from sandbox.fakehw.build import build_tree
+from sandbox.draconfig import node_slices
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile
 from tests.fakehw_toy import require_fuse

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from sandbox.agent import create_device_nodes, device_nodes, remove_device_nodes
 from sandbox.errors import ProfileError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.devnodes import HARMLESS, real_node
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import Symlink, check_component

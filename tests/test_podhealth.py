@@ -17,7 +17,7 @@ import pytest
 from sandbox.cli.status import pod_health_lines, pod_unhealthy, to_json, whole_device_names
 from sandbox.draw import DeviceView, topology_svg
 from sandbox.errors import ScenarioError
-from sandbox.fakehw.scenario import (
+from sandbox.fakehw.control.scenario import (
     PodCheck,
     PodExpect,
     parse_scenario,

@@ -39,7 +39,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sandbox.errors import ProfileError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile_text
 from tests.fuzz_inputs import (

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.fakehw._gpu import drm_minors
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
+from sandbox.fakehw.builder._gpu import drm_minors
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile
 from sandbox.profile.cpulist import format_cpulist

@@ -12,9 +12,9 @@ import pytest
 from sandbox.agent import create_device_nodes, remove_device_nodes
 from sandbox.cli import main
 from sandbox.errors import MountError, RenderError, SandboxError
-from sandbox.fakehw.build import build_tree
-from sandbox.fakehw.mountroot import check_mount_root
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import DEVICES_LIST, MARKER, render
+from sandbox.fakehw.serve.mountroot import check_mount_root
 from sandbox.fakehw.tree import (
     BlockDevice,
     CharDevice,

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from sandbox.errors import ProfileError, SpecError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.profile import load_profile, load_profile_text, spec
 from sandbox.profile.spec import Cluster, NodeSpec
 from tests.fuzz_inputs import PROFILE_KEYS, mutate, render_text, seed_profiles

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sandbox.errors import ProfileError
-from sandbox.fakehw._system import block_size
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
+from sandbox.fakehw.builder._system import block_size
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile_text
 from sandbox.profile.spec import NodeSpec

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.fakehw import _net
-from sandbox.fakehw._gpu import drm_minors
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import _net, build_tree
+from sandbox.fakehw.builder._gpu import drm_minors
+from sandbox.fakehw.serve.treediff import diff_index, kind_of
 from sandbox.fakehw.tree import (
     BlockDevice,
     CharDevice,
@@ -23,7 +23,6 @@ from sandbox.fakehw.tree import (
     Symlink,
     Tree,
 )
-from sandbox.fakehw.treediff import diff_index, kind_of
 from sandbox.profile import load_profile
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.spec import DeviceSpec, NodeSpec

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from sandbox.errors import ControlError
-from sandbox.fakehw.build import build_tree
-from sandbox.fakehw.live import Change, LiveTree
-from sandbox.fakehw.scenario import storm
+from sandbox.fakehw.builder import build_tree
+from sandbox.fakehw.changes import Change
+from sandbox.fakehw.control.scenario import storm
+from sandbox.fakehw.serve.live import LiveTree
+from sandbox.fakehw.serve.treediff import diff_trees, patch_tree
 from sandbox.fakehw.tree import Dir, File, Symlink, Tree
-from sandbox.fakehw.treediff import diff_trees, patch_tree
 from sandbox.profile import load_profile
 from sandbox.profile.spec import NodeSpec
 
@@ -61,7 +62,7 @@ def _check(live: LiveTree, node: NodeSpec, change: Change) -> None:
 def test_partial_rebuilds_match_whole_builds(
     name: str, node: NodeSpec, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="sandbox.fakehw.live")
+    caplog.set_level(logging.WARNING, logger="sandbox.fakehw.serve.live")
     live = LiveTree(lambda states: build_tree(node, states))
     assert live.snapshot.tree.partial is not None
     devices = sorted(live.records)

@@ -1,5 +1,6 @@
 """`sandbox dra slices|config PROFILE` and `sandbox dra claims` (see ``DESCRIPTION``).
-Everything comes from ``sandbox.dra``; this module only parses arguments and prints."""
+Everything comes from ``sandbox.draconfig`` and ``sandbox.draclaims``; this module only
+parses arguments and prints."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import yaml
 from hwplugins.dra.slices import TYPES
 
 from sandbox.cli.status import add_file_arguments, check_picture_file, write_picture
-from sandbox.dra import driver_config, node_slices, quantity, read_usage
+from sandbox.draclaims import quantity, read_usage
+from sandbox.draconfig import driver_config, node_slices
 from sandbox.draw import claims_svg
 from sandbox.errors import SandboxError
 from sandbox.profile import PROFILE_HELP, load_profile

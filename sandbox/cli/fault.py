@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import SandboxError
+from sandbox.fakehw.changes import Change, next_state
 from sandbox.fakehw.control import ControlClient
-from sandbox.fakehw.live import Change, next_state
-from sandbox.fakehw.scenario import (
+from sandbox.fakehw.control.scenario import (
     Action,
     PodHealth,
     Scenario,

@@ -1,8 +1,8 @@
 """`sandbox kubelet serve|check`: the kubelet harness as a command.
 
-``serve`` runs a device manager (``sandbox.kubelet.DeviceManager``) on a device-plugins
-directory until SIGTERM/SIGINT, restarting it as a kubelet restart does on SIGHUP, and keeps
-a JSON status file of what it sees (the local runtime reads it for ``sandbox status``).
+``serve`` runs the harness server (``sandbox.kubelet.harness``, also ``python -m
+sandbox.kubelet``): a device manager on a device-plugins directory until SIGTERM/SIGINT,
+restarted as a kubelet restart does on SIGHUP, with a JSON status file of what it sees.
 ``check`` grades a device plugin's kubelet protocol behaviour (``sandbox.kubelet.check``).
 
 The status file's format and its reader and writer are ``sandbox.kubelet.status``.
@@ -13,20 +13,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
-from types import FrameType
 
-from sandbox.errors import KubeletError, SandboxError
-from sandbox.kubelet import DeviceManager, Snapshot, check
-from sandbox.kubelet.status import write_status
+from sandbox.errors import SandboxError
+from sandbox.kubelet import check
+from sandbox.kubelet.harness import RESTART_SIGNALS, serve_harness
 from sandbox.textui import dump
-
-RESTART_SIGNALS = ("SIGHUP", "SIGUSR1", "SIGUSR2")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -111,41 +106,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    numa = list(range(args.numa_nodes)) if args.numa_nodes is not None else None
-    if numa is not None and not numa:
-        raise KubeletError("--numa-nodes: expected at least 1")
-    dm = DeviceManager(args.dir, numa_nodes=numa)
-    stop = threading.Event()
-    restarts: list[int] = []
-
-    def on_stop(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    def on_restart(signum: int, frame: FrameType | None) -> None:
-        restarts.append(signum)
-
-    signal.signal(signal.SIGTERM, on_stop)
-    signal.signal(signal.SIGINT, on_stop)
-    if args.restart_on != "none":
-        signal.signal(getattr(signal, args.restart_on), on_restart)
-    dm.start()
-    try:
-        last: Snapshot | None = None
-        print("ready", flush=True)
-        while not stop.is_set():
-            restarted = bool(restarts)
-            if restarted:
-                restarts.clear()
-                dm.restart()
-            snap = dm.snapshot()
-            if args.status_file is not None and snap != last:
-                write_status(args.status_file, snap, numa)
-            last = snap
-            if restarted:  # after the status file says so: callers wait for this line
-                print("restarted", flush=True)
-            stop.wait(0.1)
-    finally:
-        dm.stop()
+    serve_harness(args.dir, status_file=args.status_file, numa_nodes=args.numa_nodes,
+                  restart_on=None if args.restart_on == "none" else args.restart_on)
     return 0
 
 

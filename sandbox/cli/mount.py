@@ -1,27 +1,24 @@
-"""`sandbox mount PROFILE --node NAME ROOT`: serve one node's fake tree live over FUSE."""
+"""`sandbox mount PROFILE --node NAME ROOT`: serve one node's fake tree live over FUSE.
+
+The server is ``sandbox.agent``'s: in this process, or (``--daemon``) left running as
+``python -m sandbox.agent``."""
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 
-from sandbox.agent import resolve_node, run_node, spawn_node
+from sandbox.agent import announce_ready, load_node, resolve_node, serve_node, spawn_node
 from sandbox.errors import SandboxError
-from sandbox.fakehw.control import ControlPaths, control_paths
-from sandbox.fakehw.devnodes import STAND_IN, check_map
+from sandbox.fakehw.control import control_paths
+from sandbox.fakehw.devnodes import STAND_IN, parse_map
 from sandbox.outfile import check_target, write_file
 from sandbox.profile.bundled import PROFILE_HELP, STDIN
-from sandbox.profile.spec import read_node
 
 
 def _dev(text: str) -> tuple[int, int]:
-    major, sep, minor = text.partition(":")
-    if not sep or not major.isdigit() or not minor.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r}: expected MAJOR:MINOR such as 1:3")
     try:
-        return check_map((int(major), int(minor)))
+        return parse_map(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -71,11 +68,10 @@ def run(args: argparse.Namespace) -> int:
     root = Path(args.root)
     spec_file = Path(args.profile) if args.spec else None
     profile = None if args.spec else args.profile
-    if spec_file is not None:
-        # Read it here too: a bad file fails before anything is mounted or started.
-        args.node = read_node(spec_file, args.node, args.index).name
-        args.index = None  # the replica name alone names the node
-    elif args.node is None:
+    # A spec file is read here: a bad one fails before anything is mounted or started.
+    spec = (load_node(spec_file=spec_file, node=args.node, index=args.index)
+            if spec_file is not None else None)
+    if spec is None and args.node is None:
         raise SandboxError("--node NAME is needed with a profile")
     if args.daemon:
         if profile == STDIN:
@@ -92,21 +88,18 @@ def run(args: argparse.Namespace) -> int:
             extra += ["--dev-map", f"{args.dev_map[0]}:{args.dev_map[1]}"]
         if args.dev:
             extra.append("--dev")
-        pid = spawn_node(profile, args.node, root, index=args.index,
-                         state_dir=args.state_dir, log_file=log_file,
-                         dev_dir=args.dev_dir, extra=extra, spec_file=spec_file).pid
+        # the replica name alone names a spec file's node
+        node, index = (spec.name, None) if spec is not None else (args.node, args.index)
+        pid = spawn_node(profile, node, root, index=index, state_dir=args.state_dir,
+                         log_file=log_file, dev_dir=args.dev_dir, extra=extra,
+                         spec_file=spec_file).pid
         if args.pid_file is not None:
             write_file(args.pid_file, f"{pid}\n", force=True)
         print(f"mounted {root} (pid {pid}); control socket {paths.socket}; log {log_file}")
         return 0
-    if args.dev and args.dev_map is None:
-        raise SandboxError("--dev needs --dev-map: never expose a real host device by default")
-
-    def ready(paths: ControlPaths) -> None:
-        print(f"ready {paths.socket} {os.getpid()}", flush=True)
-        print(f"serving {root}; stop with Ctrl-C or fusermount3 -u {root}", file=sys.stderr)
-
-    run_node(profile, args.node, root, index=args.index, state_dir=args.state_dir,
-             dev_dir=args.dev_dir, dev_map=args.dev_map, allow_dev=args.dev, ready=ready,
-             spec_file=spec_file)
+    if spec is None:
+        spec = load_node(profile_path=profile, node=args.node, index=args.index)
+    serve_node(spec, root, state_dir=args.state_dir, dev_dir=args.dev_dir,
+               dev_map=args.dev_map, allow_dev=args.dev,
+               ready=lambda paths: announce_ready(paths, root))
     return 0

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from sandbox.catalog import PLUGINS, find_plugin
 from sandbox.errors import CommandError, SandboxError
+from sandbox.manifests import PLUGINS, find_plugin
 from sandbox.session import find_session
 from sandbox.textui import dump, table
 

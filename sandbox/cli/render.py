@@ -6,7 +6,7 @@ import argparse
 import os
 
 from sandbox.errors import RenderError
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import PROFILE_HELP, load_profile
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from sandbox.draw.svg import GAP, GREY, INK, PAD, attr, box, document, fit, rect, text, text_width
 
-if TYPE_CHECKING:  # sandbox.dra imports the DRA driver: only `sandbox dra claims` needs it
-    from sandbox.dra import Allocated, Left, Usage
+if TYPE_CHECKING:  # only `sandbox dra claims` needs them
+    from sandbox.draclaims import Allocated, Left, Usage
 
 CLAIMS_W = 900
 BAR_W = 340
@@ -85,13 +85,13 @@ def _card(title: str, caption: str, rows: Sequence[Left], holders: Sequence[Allo
 
 
 def claims_svg(use: Usage, title: str = "", scale: float | None = None) -> str:
-    """The claims view of ``sandbox.dra.usage`` as a picture: per pool (node), one card per
+    """The claims view of ``sandbox.draclaims.usage`` as a picture: per pool (node), one card per
     GPU counter set and per device with consumable capacity (a NIC's bandwidth), with a
     bar for each counter (what claims hold, what is left) and the pods and claims that
     hold its partitions or shares; then the devices allocated whole. ``data-*``
     attributes (claim, pod, device; owner, name, used, left, total) let tests read it.
     ``scale``: output pixels per user unit (None: ``fit_scale``)."""
-    from sandbox.dra import quantity
+    from sandbox.draclaims import quantity
 
     parts: list[str] = []
     y = 20.0

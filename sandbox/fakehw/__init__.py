@@ -1,12 +1,17 @@
 """Fake hardware: the tree a node's /sys, /dev and /proc are served from.
 
-    build_tree(node, states) -> Tree      pure: a resolved node + device states
-    render(tree, out_dir)                 write it to a plain directory
-    fs.serve(...)                         serve it live over FUSE (the only pyfuse3 user)
-    control.ControlClient                 change a live tree (faults, hotplug)
+    builder/   build_tree(node, states) -> Tree: pure, a resolved node + device states
+    render     render(tree, out_dir): write it to a plain directory
+    serve/     serve it live: LiveTree, the FUSE filesystem (fs.serve), the control server
+    control/   ControlClient (change a live tree: faults, hotplug), the wire format, scenarios
+
+Shared by all of them: ``tree`` (the tree and device-state types), ``changes`` (a change
+to one device and the state it leads to), ``states`` (states as JSON, the state file),
+``devnodes`` (which real device node stands in for a tree's), ``refusedpaths`` (where a
+tree may never be written or mounted).
 """
 
-from sandbox.fakehw.build import build_tree
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import (
     CharDevice,

@@ -58,3 +58,11 @@ def check_map(numbers: tuple[int, int]) -> tuple[int, int]:
         raise ValueError(f"{numbers[0]}:{numbers[1]} is a real host device; the map may only "
                          f"be a harmless memory device ({allowed})")
     return numbers
+
+
+def parse_map(text: str) -> tuple[int, int]:
+    """A ``--dev-map MAJOR:MINOR`` argument, checked (``check_map``), or a ValueError."""
+    major, sep, minor = text.partition(":")
+    if not sep or not major.isdigit() or not minor.isdigit():
+        raise ValueError(f"{text!r}: expected MAJOR:MINOR such as 1:3")
+    return check_map((int(major), int(minor)))

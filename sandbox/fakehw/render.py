@@ -13,7 +13,7 @@ Every write is made relative to an open directory descriptor of its parent, open
 ``O_NOFOLLOW`` from the target down, and every name is one plain path component: a symlink
 planted inside the target, or a hostile name, cannot redirect a write outside it.
 
-Guard rails: the target may never be a host path ``hostpaths`` refuses (``/``, the host's
+Guard rails: the target may never be a host path ``refusedpaths`` refuses (``/``, the host's
 top-level directories, anything below ``/sys``, ``/proc``, ``/dev`` except ``/dev/shm``,
 ``/etc``, ``/usr``, ...), nor anything that resolves there, nor a mounted pseudo filesystem,
 nor a directory that looks like a real sysfs or a real root filesystem. Any other non-empty
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from sandbox.errors import RenderError
 from sandbox.fakehw.devnodes import own_numbers, real_node
-from sandbox.fakehw.hostpaths import host_path_problem
+from sandbox.fakehw.refusedpaths import host_path_problem
 from sandbox.fakehw.tree import (
     BlockDevice,
     DeviceNode,

@@ -1,7 +1,8 @@
 """The kubelet harness's status file: what it would advertise, for other processes.
 
-``sandbox kubelet serve --status-file`` rewrites it atomically on every change; the local
-runtime reads it for ``up`` (waiting until the plugin has advertised) and ``status``::
+The harness (``harness``: ``python -m sandbox.kubelet --status-file``) rewrites it
+atomically on every change; the local runtime reads it for ``up`` (waiting until the
+plugin has advertised) and ``status``::
 
     {"resources": {"nvidia.com/gpu": {"capacity": 8, "allocatable": 7, "connected": true,
                    "by_numa": {"0": 3, "1": 4},        # healthy devices per NUMA node

@@ -5,7 +5,7 @@ facts, so NVIDIA's unmodified device plugin and gpu-feature-discovery run on fak
 the tree, the other ``.c`` files are the entry points by area), plus a NOT_SUPPORTED stub
 for every other entry point in ``entrypoints.txt``, with gcc into the cache, keyed by the
 hash of the sources and headers; the state file the library reads is written by
-``sandbox.fakehw._nvml``. See docs/nvml.md.
+``sandbox.fakehw.builder._nvidia_proc``. See docs/nvml.md.
 """
 
 from sandbox.errors import NvmlBuildError

@@ -222,7 +222,7 @@ def _check_dev_nodes(profile: model.Profile, cluster: Cluster, build: Callable[[
     """Generic devices' ``devNodes`` are the only paths a profile names itself: build the
     first replica of each node that has some, so a clash with another device's node (or a
     node that is also used as a directory) is a located error, not a crash of the builder."""
-    from sandbox.fakehw.build import build_tree  # the builder imports the profile package
+    from sandbox.fakehw.builder import build_tree  # the builder imports the profile package
     from sandbox.fakehw.tree import TreeError
 
     for i, node in enumerate(profile.nodes):

@@ -36,8 +36,8 @@ from typing import Any
 
 import yaml
 
-from sandbox.catalog import find_plugin
 from sandbox.errors import ControlError, RuntimeBackendError, SandboxError
+from sandbox.manifests import find_plugin
 from sandbox.profile import spec
 from sandbox.profile.spec import Cluster
 from sandbox.runtimes import kindtopology, kubeletns

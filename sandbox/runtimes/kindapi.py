@@ -56,7 +56,7 @@ def agent_manifests(cluster: Cluster) -> list[dict[str, Any]]:
                         "tolerations": [{"operator": "Exists"}],
                         "containers": [{
                             "name": "agent", "image": IMAGE, "imagePullPolicy": "Never",
-                            "command": ["python3", "-m", "sandbox", "mount", "--spec",
+                            "command": ["python3", "-m", "sandbox.agent", "--spec",
                                         f"{STATE_IN_NODE}/{SPEC_FILE}", "--node", node.name,
                                         ROOT_IN_NODE, "--state-dir", STATE_IN_NODE,
                                         "--dev-dir", "/host-dev"],

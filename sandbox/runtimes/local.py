@@ -76,7 +76,7 @@ class LocalRuntime:
         (d / "kubelet").mkdir(parents=True, exist_ok=True)
         return supervisor.spawn(
             f"kubelet harness {node.name}",
-            [sys.executable, "-m", "sandbox", "kubelet", "serve", "--dir", str(d / "kubelet"),
+            [sys.executable, "-m", "sandbox.kubelet", "--dir", str(d / "kubelet"),
              "--status-file", str(d / "kubelet-status.json"),
              "--numa-nodes", str(len(node.numa))],
             d / "kubelet.log")

@@ -22,8 +22,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from sandbox.dra import driver_config
-from sandbox.fakehw.build import build_tree
+from sandbox.draconfig import driver_config
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile
 from tests.dra.controlplane import ControlPlane, add_node, apply_file, control_plane

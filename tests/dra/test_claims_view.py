@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes.utils.quantity import parse_quantity
 
-from sandbox.dra import quantity, usage
+from sandbox.draclaims import quantity, usage
 from sandbox.draw import claims_svg
 from tests.dra.cluster import GROUP, REPO, VERSION, Cluster, Node, attr, cel
 from tests.dra.cluster import cluster as start

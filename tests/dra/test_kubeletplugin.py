@@ -25,7 +25,7 @@ from hwplugins.api import drahealth_v1alpha1_pb2 as health_pb
 from hwplugins.api import drahealth_v1alpha1_pb2_grpc as health_grpc
 from kubernetes import client
 
-from sandbox.dra import driver_config
+from sandbox.draconfig import driver_config
 from sandbox.kubelet import Claim, PluginWatcher
 from sandbox.profile import load_profile
 from tests.dra.controlplane import ControlPlane, add_node, apply_file, control_plane

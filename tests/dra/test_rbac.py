@@ -30,8 +30,8 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from sandbox.dra import driver_config
-from sandbox.fakehw.build import build_tree
+from sandbox.draconfig import driver_config
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.kubelet import Claim, PluginWatcher
 from sandbox.profile import load_profile

@@ -22,8 +22,8 @@ from hwplugins.dra import TAINT_KEY, build_pool, discover, parse_config, resourc
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sandbox.dra import driver_config, node_slices
-from sandbox.fakehw.build import build_tree
+from sandbox.draconfig import driver_config, node_slices
+from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import DeviceState, Health, Reason
 from sandbox.profile import NodeSpec, load_profile

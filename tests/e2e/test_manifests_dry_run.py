@@ -14,7 +14,7 @@ import pytest
 import yaml
 from conftest import NativeCluster
 
-from sandbox.catalog import PLUGINS
+from sandbox.manifests import PLUGINS
 from sandbox.profile import load_profile
 from sandbox.runtimes.kindapi import agent_manifests
 from sandbox.runtimes.native import bin_dir

@@ -4,7 +4,7 @@ behind each bridge, each bridge's PCIe port type and which slots are multifuncti
 
 It is independent of the devices' runtime states, so a bridge's config space never
 changes when a device below it is unplugged or VFs are toggled; the tree builder
-(``sandbox.fakehw._pci``) renders what is present and plans nothing.
+(``sandbox.fakehw.builder._pci``) renders what is present and plans nothing.
 """
 
 from __future__ import annotations

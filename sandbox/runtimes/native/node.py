@@ -86,7 +86,7 @@ def _link_dev_symlinks(layout: Layout, node: NodeSpec) -> None:
     is missing, tries to mkdir it, which fails on containerd's read-only /dev overlay.
     Made from the node's full tree, like the device nodes, so they never change after up.
     """
-    from sandbox.fakehw.build import build_tree
+    from sandbox.fakehw.builder import build_tree
     from sandbox.fakehw.tree import Symlink
 
     tree = build_tree(node, {})
@@ -120,7 +120,7 @@ def write_device_plugin_cdi_specs(layout: Layout, node: NodeSpec) -> list[Path]:
 
     from hwplugins.deviceplugin.discovery import discover
 
-    from sandbox.fakehw.build import build_tree
+    from sandbox.fakehw.builder import build_tree
     from sandbox.fakehw.render import render
 
     with tempfile.TemporaryDirectory(prefix="hwsb-cdi-") as tmp:
@@ -183,7 +183,7 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress,
     """
     from hwplugins.dra import DRIVER
 
-    from sandbox.dra import driver_config
+    from sandbox.draconfig import driver_config
 
     root = kubelet_root()
     registry = root / "plugins_registry"

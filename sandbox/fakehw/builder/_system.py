@@ -11,8 +11,8 @@ mm/swapfile.c swap_show).
 
 from __future__ import annotations
 
-from sandbox.fakehw._common import RO, RW, WO, Ctx
-from sandbox.fakehw._cpu import CPU, NODE, swap_kb
+from sandbox.fakehw.builder._common import RO, RW, WO, Ctx
+from sandbox.fakehw.builder._cpu import CPU, NODE, swap_kb
 
 MEMORY = "sys/devices/system/memory"
 MiB, GiB = 2**20, 2**30

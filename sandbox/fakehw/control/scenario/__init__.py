@@ -38,7 +38,7 @@ locations; ``Step``, ``Scenario``), ``run`` (expansion, storms and the runner; `
 from __future__ import annotations
 
 from sandbox.errors import ScenarioError
-from sandbox.fakehw.scenario.parse import (
+from sandbox.fakehw.control.scenario.parse import (
     ACTIONS,
     EXPECT_KEYS,
     MAX_ACTIONS,
@@ -59,7 +59,7 @@ from sandbox.fakehw.scenario.parse import (
     parse_scenario,
     parse_scenario_text,
 )
-from sandbox.fakehw.scenario.run import (
+from sandbox.fakehw.control.scenario.run import (
     STORM_HEALTH,
     STORM_OPS_DEFAULT,
     Action,

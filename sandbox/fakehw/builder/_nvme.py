@@ -15,7 +15,7 @@ character node ``/dev/nvmeN``.
 
 from __future__ import annotations
 
-from sandbox.fakehw._common import RW, Ctx, fault
+from sandbox.fakehw.builder._common import RW, Ctx, fault
 from sandbox.fakehw.tree import Reason
 from sandbox.profile.spec import DeviceSpec, NvmeSpec
 

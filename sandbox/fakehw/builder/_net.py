@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandbox.fakehw._common import RW, Ctx, fault
-from sandbox.fakehw._pci import PciPlan
+from sandbox.fakehw.builder._common import RW, Ctx, fault
+from sandbox.fakehw.builder._pci import PciPlan
 from sandbox.fakehw.tree import DeviceState, Reason
 from sandbox.profile.spec import DeviceSpec
 

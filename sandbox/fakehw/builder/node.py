@@ -31,9 +31,9 @@ from collections import OrderedDict
 from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass
 
-from sandbox.fakehw import _cpu, _fpga, _gpu, _net, _nvme, _pci
-from sandbox.fakehw._common import Ctx, present
-from sandbox.fakehw._system import add_system
+from sandbox.fakehw.builder import _cpu, _fpga, _gpu, _net, _nvme, _pci
+from sandbox.fakehw.builder._common import Ctx, present
+from sandbox.fakehw.builder._system import add_system
 from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree, TreeError
 from sandbox.profile.spec import DeviceSpec, NodeSpec
 

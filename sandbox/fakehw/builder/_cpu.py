@@ -5,7 +5,7 @@ Documentation/admin-guide/cputopology.rst)."""
 
 from __future__ import annotations
 
-from sandbox.fakehw._common import RW, Ctx, kernel_mask, make_file
+from sandbox.fakehw.builder._common import RW, Ctx, kernel_mask, make_file
 from sandbox.profile import catalogue
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.spec import LogicalCpu, NodeSpec

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
-from sandbox.fakehw._common import RW, Ctx
+from sandbox.fakehw.builder._common import RW, Ctx
 from sandbox.profile.spec import DeviceSpec
 
 # Both majors are allocated dynamically by drivers/fpga/dfl.c; these are typical values.

@@ -13,7 +13,7 @@ builder offers ``Tree.partial``, ``prepare`` builds just the changed device's pa
 the old and the new states, diffs those two small trees and applies the difference to
 the current tree by path copying (``treediff.patch_tree``). Trees from builders without
 ``partial`` are rebuilt whole and kept in a cache bounded by bytes. Nothing here imports
-pyfuse3 or does any I/O (state files: ``states``).
+pyfuse3 or does any I/O (state files: ``fakehw.states``).
 """
 
 from __future__ import annotations
@@ -24,27 +24,24 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 from sandbox.errors import ControlError, SandboxError
+from sandbox.fakehw.changes import Change, next_state
+from sandbox.fakehw.serve.treediff import Diff, Mismatch, diff_trees, patch_tree
 from sandbox.fakehw.tree import (
     DeviceRecord,
     DeviceState,
     Dir,
     Entry,
     File,
-    Health,
-    Reason,
     Tree,
 )
-from sandbox.fakehw.treediff import Diff, Mismatch, diff_trees, patch_tree
 from sandbox.profile.catalogue import fault_reasons
 
 log = logging.getLogger(__name__)
 
 Rebuild = Callable[[Mapping[str, DeviceState]], Tree]
-Op = Literal["health", "unplug", "plug", "set-vfs"]
-OPS: tuple[Op, ...] = ("health", "unplug", "plug", "set-vfs")
 # Whole trees (builders without Tree.partial) memoised by states, up to this many bytes
 # (estimated from entries and file contents, as tracemalloc measures a small tree).
 CACHE_BYTES = 2 << 20
@@ -55,55 +52,6 @@ _StatesKey = tuple[tuple[str, DeviceState], ...]
 def _key(states: Mapping[str, DeviceState]) -> _StatesKey:
     default = DeviceState()
     return tuple(sorted((k, v) for k, v in states.items() if v != default))
-
-
-@dataclass(frozen=True)
-class Change:
-    """One requested change to one device (already validated by its producer)."""
-
-    op: Op
-    device: str
-    health: Health | None = None
-    reason: Reason | None = None
-    num_vfs: int | None = None
-    port: int | None = None  # set-vfs: one physical function (0-based) instead of all
-
-    def __post_init__(self) -> None:
-        if self.op == "health":
-            if self.health is None:
-                raise ControlError("health: a health value is required")
-            if self.health is Health.HEALTHY and self.reason is not None:
-                raise ControlError("health: a healthy device takes no reason")
-            if self.health is Health.UNHEALTHY and self.reason is None:
-                raise ControlError("health: an unhealthy device needs a reason")
-        if self.op == "set-vfs" and (self.num_vfs is None or self.num_vfs < 0):
-            raise ControlError("set-vfs: num_vfs must be a non-negative integer")
-        if self.port is not None and (self.op != "set-vfs" or self.port < 0):
-            raise ControlError("port: only set-vfs takes a port, a non-negative integer")
-
-
-def next_state(state: DeviceState, change: Change) -> DeviceState:
-    """The state a device is in after ``change``.
-
-    ``health unhealthy removed`` also unplugs (the device fell off the bus); ``plug``
-    of a device removed that way brings it back healthy.
-    """
-    if change.op == "health":
-        assert change.health is not None
-        plugged = state.plugged and change.reason is not Reason.REMOVED
-        return replace(state, health=change.health, reason=change.reason, plugged=plugged)
-    if change.op == "unplug":
-        return replace(state, plugged=False)
-    if change.op == "plug":
-        if state.reason is Reason.REMOVED:
-            return replace(state, plugged=True, health=Health.HEALTHY, reason=None)
-        return replace(state, plugged=True)
-    if change.port is None:  # every physical function
-        return replace(state, num_vfs=change.num_vfs, port_vfs=())
-    assert change.num_vfs is not None
-    ports = dict(state.port_vfs)
-    ports[change.port] = change.num_vfs
-    return replace(state, port_vfs=tuple(sorted(ports.items())))
 
 
 class PathIndex(Mapping[str, Entry]):

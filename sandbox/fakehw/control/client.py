@@ -18,8 +18,8 @@ from types import TracebackType
 from typing import Any
 
 from sandbox.errors import ControlError
-from sandbox.fakehw.live import OPS
-from sandbox.fakehw.protocol import (
+from sandbox.fakehw.changes import OPS
+from sandbox.fakehw.control.protocol import (
     MAX_REPLY,
     PROTOCOL_VERSION,
     check_socket_path,

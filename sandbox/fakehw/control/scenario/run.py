@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sandbox.errors import ControlError, ScenarioError
-from sandbox.fakehw.live import Change, Op
-from sandbox.fakehw.scenario.parse import PodExpect, Scenario
+from sandbox.fakehw.changes import Change, Op
+from sandbox.fakehw.control.scenario.parse import PodExpect, Scenario
 from sandbox.fakehw.tree import Health, Reason
 from sandbox.profile.catalogue import fault_reasons
 

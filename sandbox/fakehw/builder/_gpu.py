@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import hashlib
 
-from sandbox.fakehw import _nvml
-from sandbox.fakehw._common import RW, Ctx
-from sandbox.fakehw._pci import PciPlan
+from sandbox.fakehw.builder import _nvidia_proc
+from sandbox.fakehw.builder._common import RW, Ctx
+from sandbox.fakehw.builder._pci import PciPlan
 from sandbox.profile import catalogue
 from sandbox.profile.spec import DeviceSpec
 
@@ -63,8 +63,8 @@ def add_nvidia(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str], plan: PciP
     # next change's reuse the text instead of formatting every GPU's line again.
     ids = {g.id for g in gpus}
     key = ("nvml", tuple(sorted((k, v) for k, v in ctx.given.items() if k in ids)))
-    ctx.file(_nvml.STATE_PATH, ctx.memo(
-        key, lambda: _nvml.state_text(gpus, pci, ctx.states, NVIDIA_DRIVER_VERSION)))
+    ctx.file(_nvidia_proc.STATE_PATH, ctx.memo(
+        key, lambda: _nvidia_proc.state_text(gpus, pci, ctx.states, NVIDIA_DRIVER_VERSION)))
     for dev in gpus:
         gpu = dev.gpu
         if gpu is None or dev.address not in pci or not ctx.emits(dev.id):
@@ -103,9 +103,9 @@ def _mig_caps(ctx: Ctx, gpus: list[DeviceSpec]) -> None:
 
     for dev in sorted(gpus, key=lambda d: d.gpu.minor if d.gpu else 0):
         gpu = dev.gpu
-        if gpu is None or gpu.partitions is None or not _nvml.mig_enabled(dev):
+        if gpu is None or gpu.partitions is None or not _nvidia_proc.mig_enabled(dev):
             continue
-        for m in _nvml.mig_layout(gpu.partitions):
+        for m in _nvidia_proc.mig_layout(gpu.partitions):
             gi_minor = 3 + gpu.minor * 15 * 9 + m.gi * 9
             cap(f"gpu{gpu.minor}/mig/gi{m.gi}/access", f"gpu{gpu.minor}/gi{m.gi}/access", gi_minor)
             cap(f"gpu{gpu.minor}/mig/gi{m.gi}/ci0/access",

@@ -1,12 +1,9 @@
 """The control API of a live node: a root-only unix socket speaking line-delimited JSON.
 
-``ControlServer`` validates each request (``protocol``), turns it into a ``Change`` for
-the ``LiveTree``, waits for the filesystem to invalidate what changed, saves the states
-and tells watchers. It knows nothing of FUSE: ``on_diff`` is its only hook.
-
-    protocol       the wire format: socket paths, request parsing, limits
-    control        this server (and the names below, re-exported for callers)
-    controlclient  ControlClient, the blocking client the CLI, runtimes and tests use
+``ControlServer`` validates each request (``fakehw.control.protocol``), turns it into a
+``Change`` for the ``LiveTree``, waits for the filesystem to invalidate what changed, saves
+the states and tells watchers. It knows nothing of FUSE: ``on_diff`` is its only hook.
+Its client is ``fakehw.control.ControlClient``.
 
 The wire format is documented in docs/control-api.md.
 """
@@ -27,27 +24,20 @@ from typing import Any
 import trio
 
 from sandbox.errors import ControlError, MountError
-from sandbox.fakehw.controlclient import ControlClient
-from sandbox.fakehw.live import Change, LiveTree
-from sandbox.fakehw.protocol import (
+from sandbox.fakehw.changes import Change
+from sandbox.fakehw.control.protocol import (
     MAX_LINE,
     PROTOCOL_VERSION,
-    ControlPaths,
     Request,
     check_socket_path,
-    control_paths,
     decode_request,
     encode_line,
     error_reply,
     parse_request,
 )
+from sandbox.fakehw.serve.live import LiveTree
+from sandbox.fakehw.serve.treediff import Diff
 from sandbox.fakehw.states import describe, save_states, state_to_json
-from sandbox.fakehw.treediff import Diff
-
-__all__ = [
-    "MAX_LINE", "PROTOCOL_VERSION", "ControlClient", "ControlPaths", "ControlServer",
-    "control_paths", "decode_request", "parse_request",
-]
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 One JSON object per line of strict UTF-8 (docs/control-api.md); ``decode_request`` and
 ``decode_reply`` turn a line into a JSON value, ``parse_request`` turns a decoded request
 into the ``Change`` it asks for, refusing anything else with a ControlError that names
-the field. Both ends (``control`` the server, ``controlclient`` the client) use it.
+the field. Both ends (``serve.controlserver`` the server, ``client`` the client) use it.
 
 Where things live (``control_paths``): for a mount at ``ROOT`` the socket is
 ``ROOT.sock`` and the saved states ``ROOT.state.json``, next to the mount point; with an
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import ControlError, MountError, SandboxError
-from sandbox.fakehw.live import OPS, Change, Op
+from sandbox.fakehw.changes import OPS, Change, Op
 from sandbox.fakehw.tree import Health, Reason
 
 PROTOCOL_VERSION = 1

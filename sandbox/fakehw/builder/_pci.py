@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from sandbox.fakehw._common import RW, WO, Ctx, make_file, present
+from sandbox.fakehw.builder._common import RW, WO, Ctx, make_file, present
 from sandbox.fakehw.tree import SIGNS, DeviceState, File, Health
 from sandbox.profile.spec import DeviceSpec, NodeSpec, PciFunction
 

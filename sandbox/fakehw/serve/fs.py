@@ -24,8 +24,8 @@ reader that opened it before the change reads on).
 
 ``serve()`` mounts, runs the control server and returns after ``fusermount3 -u ROOT`` or
 SIGTERM/SIGINT (a dead mount left by a killed server is cleared first: ``mountroot``).
-``sandbox mount`` serves a profile's node with it; tests/fakehw_serve.py serves the tests'
-hand-made trees.
+The node server (``sandbox.agent``) serves a profile's node with it; tests/fakehw_serve.py
+serves the tests' hand-made trees.
 """
 
 from __future__ import annotations
@@ -43,12 +43,13 @@ import pyfuse3
 import trio
 
 from sandbox.errors import MountError
-from sandbox.fakehw.control import ControlPaths, ControlServer, control_paths
-from sandbox.fakehw.live import LiveTree, Rebuild
-from sandbox.fakehw.mountroot import check_mount_root, mounted_fstype, recover_mount
+from sandbox.fakehw.control import ControlPaths, control_paths
+from sandbox.fakehw.serve.controlserver import ControlServer
+from sandbox.fakehw.serve.live import LiveTree, Rebuild
+from sandbox.fakehw.serve.mountroot import MountPoint, mounted_fstype, recover_mount
+from sandbox.fakehw.serve.treediff import Diff, Kind, kind_of
 from sandbox.fakehw.states import load_states
 from sandbox.fakehw.tree import BlockDevice, DeviceState, Dir, Entry, File, Symlink
-from sandbox.fakehw.treediff import Diff, Kind, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -411,7 +412,7 @@ def _check_fuse_device(mountpoint: os.PathLike[str]) -> None:
 
 
 async def serve(
-    root: str | os.PathLike[str],
+    mountpoint: MountPoint,
     rebuild: Rebuild,
     *,
     initial_states: Mapping[str, DeviceState] | None = None,
@@ -422,10 +423,11 @@ async def serve(
     node: str | None = None,
     task_status: trio.TaskStatus[ControlPaths] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Mount the live tree at ``root`` and serve it and its control socket.
+    """Mount the live tree at ``mountpoint`` (``check_mount_root``'s) and serve it and its
+    control socket.
 
     ``rebuild(states)`` makes the tree for a states dict (the profile builder in real
-    use). Saved states (``control_paths(root, state_dir).state``) override
+    use). Saved states (``control_paths(mountpoint, state_dir).state``) override
     ``initial_states``. ``dev_map=(1, 3)`` reports every device node (block ones too) as a
     character device of that major:minor; ``allow_dev`` mounts with ``dev`` so such nodes
     can be opened (opening reaches the REAL driver of the reported major:minor). ``node``:
@@ -434,7 +436,6 @@ async def serve(
     unmounted from outside (``fusermount3 -u``) or on SIGTERM/SIGINT (unmounting itself).
     Must be run in the main thread of a trio program that serves nothing else.
     """
-    mountpoint = check_mount_root(root)
     _check_fuse_device(mountpoint)
     recover_mount(mountpoint)
     if mounted_fstype(mountpoint) is not None:
