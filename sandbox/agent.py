@@ -21,7 +21,7 @@ from pathlib import Path
 import trio
 
 from sandbox import supervisor
-from sandbox.errors import MountError, SandboxError
+from sandbox.errors import MountError, SandboxError, SpawnError
 from sandbox.fakehw.build import build_tree
 from sandbox.fakehw.control import ControlPaths
 from sandbox.fakehw.devnodes import is_ours, real_node
@@ -249,7 +249,7 @@ def wait_node(proc: Proc, timeout: float = 20.0) -> Proc:
     """Until the server says ``ready SOCKET PID``. MountError otherwise."""
     try:
         supervisor.wait_ready(proc, timeout)
-    except supervisor.SpawnError as exc:
+    except SpawnError as exc:
         raise MountError(f"{proc.name}: the FUSE server did not come up: "
                          f"{supervisor.log_tail(proc.log)}") from exc
     return proc

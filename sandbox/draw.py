@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import math
 import shutil
-import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import TYPE_CHECKING
 from xml.sax.saxutils import escape
 
-from sandbox.errors import CommandError, SandboxError
+from sandbox.commands import run
+from sandbox.errors import SandboxError
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.spec import DeviceSpec, NodeSpec
 from sandbox.textui import size
@@ -752,9 +752,4 @@ def svg_to_png(svg: str) -> bytes:
         raise SandboxError(
             "PNG output needs rsvg-convert: apt-get install librsvg2-bin (or use --output svg)"
         )
-    result = subprocess.run([tool, "--format=png"], input=svg.encode(), capture_output=True,
-                            check=False)
-    if result.returncode != 0:
-        raise CommandError([tool, "--format=png"], result.returncode,
-                           result.stderr.decode(errors="replace"))
-    return result.stdout
+    return run([tool, "--format=png"], input=svg.encode(), timeout=None).stdout_bytes

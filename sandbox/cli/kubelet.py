@@ -14,13 +14,13 @@ import argparse
 import dataclasses
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
 
+from sandbox import commands
 from sandbox.errors import KubeletError, SandboxError
 from sandbox.kubelet import DeviceManager, Snapshot, check
 from sandbox.kubelet.status import write_status
@@ -162,8 +162,7 @@ def _check(args: argparse.Namespace) -> int:
 
     def fault() -> None:
         assert fault_cmd is not None
-        result = subprocess.run(["sh", "-c", fault_cmd], capture_output=True, text=True,
-                                check=False)  # fmt: skip
+        result = commands.run(["sh", "-c", fault_cmd], check=False, timeout=None)
         if result.returncode != 0:
             raise SandboxError(f"--fault {fault_cmd!r} failed (exit {result.returncode}): "
                                f"{result.stderr.strip()}")  # fmt: skip

@@ -399,7 +399,7 @@ def _once(args: argparse.Namespace, compact: bool = False) -> int:
     if pod is not None:
         only_pod(runtime, session.state_dir, status, *pod)
     picture = args.output in ("svg", "png")
-    kubeconfig = session.record.get("kubeconfig")
+    kubeconfig = session.record.kubeconfig
     cluster = _profile(status, picture, wanted=bool(kubeconfig))
     mark_holders(status, cluster)
     health = read_health(str(kubeconfig) if kubeconfig else None, status, cluster, pod)
