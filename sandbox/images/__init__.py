@@ -8,6 +8,6 @@
     agent       the sandbox image (our packages on Debian's Python 3.11 and FUSE)
     node        the kind node image (kind's base files, Kubernetes built from source)
 
-Nothing here is imported by the package itself: ``python3 -m sandbox.images.rootfs``
-needs only the standard library.
+This ``__init__`` imports none of them: ``python3 -m sandbox.images.rootfs`` needs only
+the standard library (with ``sandbox.cache``, ``sandbox.commands``, ``sandbox.errors``).
 """
