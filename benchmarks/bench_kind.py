@@ -42,10 +42,10 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
 
+    from sandbox.images.agent import deps_layer
     from sandbox.profile import load_profile
-    from sandbox.runtimes.agentimage import deps_layer
     from sandbox.runtimes.kind import KindRuntime, host_facts
-    from sandbox.runtimes.kindconfig import kind_config_text
+    from sandbox.runtimes.kind.config import kind_config_text
 
     runtime = KindRuntime()
     reason = runtime.unavailable_reason()

@@ -10,9 +10,14 @@
     ├── KubeletError             the kubelet harness cannot do what was asked
     │   └── AllocationError      an allocation failed, as the kubelet would fail the pod
     │       └── TopologyAffinityError  the TopologyManager policy rejected the request
+    ├── CaptureError             a machine root cannot be captured, or its profile written
+    ├── SpawnError               a process could not be started, or did not become ready
     ├── RuntimeBackendError      a runtime (local, native, kind) failed at a named step
+    ├── RecordError              a sandbox record (``sandbox.json``) cannot be read
+    ├── ImageBuildError          an image cannot be built from local files (says what to do)
     ├── NvmlBuildError           our NVML library cannot be built (no gcc, or gcc failed)
-    └── CommandError             an external command failed; carries argv and output
+    └── CommandError             an external command failed (``sandbox.commands.run``):
+                                 carries argv, exit code and output, like kind's RunError
 
 Anything else escaping to the CLI is a bug and is allowed to crash loudly.
 """
@@ -74,6 +79,14 @@ class ScenarioError(SandboxError):
         super().__init__("\n".join(self.problems))
 
 
+class CaptureError(SandboxError):
+    """The root cannot be captured (not a sysfs-like tree) or the output cannot be written."""
+
+
+class SpawnError(SandboxError):
+    """A process could not be started, or did not become ready."""
+
+
 class KubeletError(SandboxError):
     """The kubelet harness cannot do what was asked."""
 
@@ -95,17 +108,35 @@ class RuntimeBackendError(SandboxError):
         super().__init__(f"{step}: {message}")
 
 
+class RecordError(SandboxError):
+    """A sandbox record (``sandbox.json``) exists but cannot be read; names the file."""
+
+
+class ImageBuildError(SandboxError):
+    """A step of an image build failed; the message names the step and what to do."""
+
+
 class NvmlBuildError(SandboxError):
     """Our libnvidia-ml.so.1 (sandbox.nvml) cannot be built; the message says how to fix it."""
 
 
 class CommandError(SandboxError):
-    """An external command exited non-zero."""
+    """An external command failed: it exited non-zero (``returncode``), or it could not be
+    started or did not finish in time (``returncode`` None, ``problem`` says which).
+    ``step`` (may be empty) names what the command was for; ``output`` is its stdout and
+    stderr as captured."""
 
-    def __init__(self, argv: Sequence[str], returncode: int, output: str) -> None:
+    def __init__(self, argv: Sequence[str], returncode: int | None, output: str, *,
+                 step: str = "", problem: str = "") -> None:
         self.argv = list(argv)
         self.returncode = returncode
         self.output = output
+        self.step = step
+        self.problem = problem
+        where = f"{step}: " if step else ""
+        if returncode is None:
+            super().__init__(f"{where}{problem}")
+            return
         tail = output.strip().splitlines()[-5:]
         detail = ("\n  " + "\n  ".join(tail)) if tail else ""
-        super().__init__(f"command {' '.join(self.argv)!r} exited {returncode}{detail}")
+        super().__init__(f"{where}command {' '.join(self.argv)!r} exited {returncode}{detail}")

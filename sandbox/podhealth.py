@@ -31,7 +31,7 @@ from typing import Any
 
 from sandbox.errors import SandboxError
 from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
-from sandbox.runtimes.kindconfig import NODE_LABEL
+from sandbox.runtimes.kind.config import NODE_LABEL
 
 HEALTH = ("Healthy", "Unhealthy", "Unknown")
 

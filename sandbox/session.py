@@ -6,35 +6,35 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sandbox.errors import SandboxError
-from sandbox.runtimes.base import check_name, default_state_root, read_record
+from sandbox.runtimes.base import check_name, default_state_root
+from sandbox.runtimes.record import NodeRecord, SandboxRecord, read_record
 
 
 @dataclass(frozen=True)
 class Session:
     name: str
     state_dir: Path
-    record: dict[str, Any]
+    record: SandboxRecord
 
     @property
     def runtime(self) -> str:
-        return str(self.record.get("runtime", "?"))
+        return self.record.runtime or "?"
 
     @property
-    def nodes(self) -> dict[str, dict[str, Any]]:
-        nodes: dict[str, dict[str, Any]] = self.record.get("nodes", {})
-        return nodes
+    def nodes(self) -> Mapping[str, NodeRecord]:
+        return self.record.nodes
 
     def socket(self, node: str) -> Path:
         info = self.nodes.get(node)
         if info is None:
             known = ", ".join(self.nodes) or "none"
             raise SandboxError(f"sandbox {self.name!r} has no node {node!r} (nodes: {known})")
-        return Path(info["socket"])
+        return Path(info.socket)
 
 
 def list_sessions(root: Path | None = None) -> list[Session]:

@@ -28,16 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import MountError, SandboxError
+from sandbox.errors import MountError, SpawnError
 
 READY = b"ready"
 # Forks "$@" into a new session (setsid execs it: the background child of `sh -c` is not
 # a group leader) with its output appended to the log, prints its pid, exits.
 _LAUNCH = 'log=$1; shift; setsid "$@" </dev/null >>"$log" 2>&1 & echo $!'
-
-
-class SpawnError(SandboxError):
-    """A process could not be started, or did not become ready."""
 
 
 def ready_line(*fields: object) -> str:

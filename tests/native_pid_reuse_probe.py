@@ -26,10 +26,10 @@ from pid_reuse_probe import reap, take_pid
 
 from sandbox import supervisor
 from sandbox.errors import SandboxError
-from sandbox.runtimes.base import write_record
 from sandbox.runtimes.native import NativeRuntime
 from sandbox.runtimes.native.common import EXTRAS, ORDER, Layout, running, spawn
 from sandbox.runtimes.native.steps import down_steps
+from sandbox.runtimes.record import NodeRecord, SandboxRecord, write_record
 from sandbox.runtimes.steps import undo_steps
 from sandbox.supervisor import Proc
 
@@ -61,13 +61,13 @@ def main() -> int:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Fake)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    write_record(state, {"runtime": "native", "cluster": "pid-reuse", "name": state.name,
-                         # the node's entry as `up` writes it; no fake hardware server
-                         # answers at its socket (status notes that, and goes on)
-                         "nodes": {NODE: {"root": str(state / "node-root"),
-                                          "socket": str(state / "node" / "control.sock")}},
-                         "ports": {"kubelet-healthz":
-                                                        server.server_address[1]}})
+    write_record(state, SandboxRecord(
+        runtime="native", cluster="pid-reuse", name=state.name,
+        # the node's entry as `up` writes it; no fake hardware server
+        # answers at its socket (status notes that, and goes on)
+        nodes={NODE: NodeRecord(root=str(state / "node-root"),
+                                socket=str(state / "node" / "control.sock"))},
+        ports={"kubelet-healthz": server.server_address[1]}))
     layout.kubeconfig.write_text(json.dumps({
         "apiVersion": "v1", "kind": "Config", "current-context": "c",
         "clusters": [{"name": "c", "cluster": {"server": url}}],

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.images.oci import PATH, write_archive
+from sandbox.images.tarfiles import layer_tar
 from sandbox.nvml import NvmlBuildError, build
-from sandbox.runtimes._images import Layer, write_image
 from tests.thirdparty import BUILD_PLUGINS, LiveNode
 
 VERSION = "v0.18.0"
@@ -119,6 +120,6 @@ def write_nvidia_image(dest: Path) -> Path:
         files[f"/usr/bin/{name}"] = binary
         files.update(_linked(binary))
     # the loader must be executable, as the kernel execs it
-    write_image(dest, IMAGE, Layer(files=files, executables=set(files), dirs={"/tmp", "/etc"}),
-                entrypoint=["/usr/bin/nvidia-device-plugin"])
+    write_archive(dest, IMAGE, [layer_tar(files, set(files), dirs={"/tmp", "/etc"})],
+                  {"Env": [PATH], "Entrypoint": ["/usr/bin/nvidia-device-plugin"]})
     return dest

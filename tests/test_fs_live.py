@@ -304,7 +304,7 @@ def test_sigterm_unmounts_and_exits_cleanly(tmp_path: Path, request: pytest.Fixt
 def _read_twice(path: Path) -> tuple[bytes, bytes]:
     """A whole file in one read(), then the read at its end that every reader makes to see
     EOF. A change between the two must not show: the second read returns nothing even if
-    the file now holds a longer value (its inode's size never changes, see fakehw.fs)."""
+    the file now holds a longer value (its inode's size never changes, see fakehw.serve.fs)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         return os.read(fd, 1 << 16), os.read(fd, 1 << 16)

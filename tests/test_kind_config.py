@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from sandbox.profile import load_profile
-from sandbox.runtimes.kindconfig import HostFacts, kind_config, kind_config_text
+from sandbox.runtimes.kind.config import HostFacts, kind_config, kind_config_text
 from tests.gotools import go_install
 
 ROOT = Path(__file__).resolve().parent.parent

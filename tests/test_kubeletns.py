@@ -1,5 +1,5 @@
 """The kubelet's mount namespace (``sandbox.runtimes.kubeletns``) and kind's reconfiguration
-files (``sandbox.runtimes.kindtopology``), run for real: the namespace script under
+files (``sandbox.runtimes.kind.topology``), run for real: the namespace script under
 ``unshare`` on a rendered 8gpu-2numa tree, with a shell standing in for the kubelet."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import yaml
 from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile
-from sandbox.runtimes import kindtopology, kubeletns
+from sandbox.runtimes import kubeletns
+from sandbox.runtimes.kind import topology as kindtopology
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "8gpu-2numa.yaml"

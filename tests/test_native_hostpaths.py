@@ -14,7 +14,6 @@ import yaml
 
 from sandbox.cli.plugins import _native_outputs
 from sandbox.errors import SandboxError
-from sandbox.runtimes.base import read_record, write_record
 from sandbox.runtimes.native.hostpaths import (
     LINKS,
     NFD_FEATURES,
@@ -22,11 +21,12 @@ from sandbox.runtimes.native.hostpaths import (
     link_host_paths,
     unlink_host_paths,
 )
+from sandbox.runtimes.record import SandboxRecord, read_record, write_record
 from tests.thirdparty import REPO
 
 
 def _sandbox(path: Path) -> Path:
-    write_record(path, {"runtime": "native", "created": ["/somewhere/else"]})
+    write_record(path, SandboxRecord(runtime="native", created_paths=("/somewhere/else",)))
     (path / "node-root").mkdir()
     return path
 
@@ -40,7 +40,7 @@ def test_links_made_recorded_and_removed(tmp_path: Path) -> None:
     assert (state / "features.d").is_dir()
     record = read_record(state)
     assert record is not None
-    assert record["created"] == ["/somewhere/else", str(host)]  # down removes it if empty
+    assert record.created_paths == ("/somewhere/else", str(host))  # down removes it if empty
     assert link_host_paths(state, host) == made  # idempotent, recorded once
     assert read_record(state) == record
     assert host_links(state, host) == sorted(made)
@@ -63,7 +63,7 @@ def test_stale_links_replaced_foreign_paths_refused(tmp_path: Path) -> None:
     assert os.readlink(host / "root") == str(state / "node-root")
     record = read_record(state)
     assert record is not None
-    assert record["created"] == ["/somewhere/else"]  # it was there before
+    assert record.created_paths == ("/somewhere/else",)  # it was there before
 
     live = _sandbox(tmp_path / "live")
     with pytest.raises(SandboxError, match="another native sandbox"):

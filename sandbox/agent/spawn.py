@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sandbox import supervisor
-from sandbox.errors import MountError
+from sandbox.errors import MountError, SpawnError
 from sandbox.fakehw.serve.mountroot import check_mount_root, recover_mount
 from sandbox.supervisor import Proc
 
@@ -38,7 +38,7 @@ def wait_node(proc: Proc, timeout: float = 20.0) -> Proc:
     """Until the server prints its ready line. MountError otherwise."""
     try:
         supervisor.wait_ready(proc, timeout)
-    except supervisor.SpawnError as exc:
+    except SpawnError as exc:
         raise MountError(f"{proc.name}: the FUSE server did not come up: "
                          f"{supervisor.log_tail(proc.log)}") from exc
     return proc

@@ -55,7 +55,7 @@ from typing import Any
 from sandbox import __version__
 from sandbox.capture.cpus import read_cpus, read_distances, read_numa, read_swap, read_system
 from sandbox.capture.devices import Entry, merge, read_pci
-from sandbox.capture.reading import CaptureError, Root, check_root, clean_text, hostname
+from sandbox.capture.reading import Root, check_root, clean_text, hostname
 from sandbox.capture.writing import (
     Capture,
     Doc,
@@ -64,7 +64,7 @@ from sandbox.capture.writing import (
     sanitize_name,
     write_capture,
 )
-from sandbox.errors import ProfileError
+from sandbox.errors import CaptureError, ProfileError
 from sandbox.profile import load_profile_text
 
 __all__ = ["Capture", "CaptureError", "capture", "write_capture"]

@@ -16,12 +16,12 @@ from sandbox.capture.reading import (
     CPUINFO_LIMIT,
     DMI_DIR,
     NODE_DIR,
-    CaptureError,
     Root,
     clean_text,
     decimal,
     quantity,
 )
+from sandbox.errors import CaptureError
 from sandbox.profile import model
 from sandbox.profile.cpulist import format_cpulist, parse_cpulist
 from sandbox.profile.model import MAX_NUMA_NODES, MAX_QUANTITY

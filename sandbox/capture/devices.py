@@ -12,12 +12,12 @@ from typing import Any
 
 from sandbox.capture.reading import (
     PCI_DIR,
-    CaptureError,
     Function,
     Root,
     quantity,
     read_function,
 )
+from sandbox.errors import CaptureError
 from sandbox.profile import catalogue, model
 from sandbox.profile.resolve import limits
 

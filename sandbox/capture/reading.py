@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.errors import SandboxError
+from sandbox.errors import CaptureError
 
 CPU_DIR = "sys/devices/system/cpu"
 NODE_DIR = "sys/devices/system/node"
@@ -33,8 +33,6 @@ CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff]")
 
 
 
-class CaptureError(SandboxError):
-    """The root cannot be captured (not a sysfs-like tree) or the output cannot be written."""
 
 
 

@@ -13,7 +13,8 @@ import sys
 
 from sandbox.errors import SandboxError
 from sandbox.runtimes import runtime_for
-from sandbox.runtimes.base import StateBusy, StateLock, read_record, state_dir_for
+from sandbox.runtimes.base import StateBusy, StateLock, state_dir_for
+from sandbox.runtimes.record import read_record
 from sandbox.session import find_session
 
 

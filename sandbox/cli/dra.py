@@ -102,7 +102,7 @@ def _claims(args: argparse.Namespace) -> int:
     if kubeconfig is None:
         session = find_session(args.name)
         title = f"sandbox {session.name} ({session.runtime})"
-        kubeconfig = session.record.get("kubeconfig")
+        kubeconfig = session.record.kubeconfig
         if not kubeconfig:
             raise SandboxError(f"sandbox {session.name!r} runs the {session.runtime} runtime, "
                                "which has no API server and no claims; use --runtime native "

@@ -224,10 +224,10 @@ def _reset(args: argparse.Namespace) -> int:
 
     session = find_session(args.name)
     sock = session.socket(args.node)  # raises naming the known nodes
-    spec = load_profile(str(session.record.get("profile"))).cluster.node(args.node)
+    spec = load_profile(session.record.profile).cluster.node(args.node)
     if spec is None:
         raise SandboxError(f"node {args.node!r} is not in the profile "
-                           f"{session.record.get('profile')}")
+                           f"{session.record.profile}")
     starts = initial_states(spec)
     vfs = {d.id: sriov.num_vfs for d in spec.devices
            if (sriov := d.nic or d.gpu) is not None and sriov.total_vfs}
@@ -281,7 +281,7 @@ def _pod_health(args: argparse.Namespace, scenario: Scenario) -> PodHealth | Non
         raise SandboxError(f"{first}: {pods[0].pod_expect}: a pod expectation asks the "
                            "sandbox's Kubernetes API server; --socket has none (use --name)")
     session = find_session(args.name)
-    kubeconfig = session.record.get("kubeconfig")
+    kubeconfig = session.record.kubeconfig
     if not kubeconfig:
         raise SandboxError(f"{first}: {pods[0].pod_expect}: sandbox {session.name!r} runs "
                            f"the {session.runtime} runtime, which has no API server and no "
@@ -291,7 +291,7 @@ def _pod_health(args: argparse.Namespace, scenario: Scenario) -> PodHealth | Non
 
     cluster = None
     try:
-        cluster = load_profile(str(session.record.get("profile"))).cluster
+        cluster = load_profile(session.record.profile).cluster
     except (SandboxError, OSError) as exc:
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         print(f"note: profile: {first_line}; pod expectations match resource ids only",

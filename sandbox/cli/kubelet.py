@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from sandbox import commands
 from sandbox.errors import SandboxError
 from sandbox.kubelet import check
 from sandbox.kubelet.harness import RESTART_SIGNALS, serve_harness
@@ -124,8 +124,7 @@ def _check(args: argparse.Namespace) -> int:
 
     def fault() -> None:
         assert fault_cmd is not None
-        result = subprocess.run(["sh", "-c", fault_cmd], capture_output=True, text=True,
-                                check=False)  # fmt: skip
+        result = commands.run(["sh", "-c", fault_cmd], check=False, timeout=None)
         if result.returncode != 0:
             raise SandboxError(f"--fault {fault_cmd!r} failed (exit {result.returncode}): "
                                f"{result.stderr.strip()}")  # fmt: skip

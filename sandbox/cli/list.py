@@ -36,7 +36,7 @@ def rows() -> list[dict[str, object]]:
             state = "busy"  # an `up` still coming up, or a `down` going on
         out.append({"name": session.name, "runtime": session.runtime,
                     "nodes": sorted(session.nodes),
-                    "profile": str(session.record.get("profile", "")),
+                    "profile": session.record.profile,
                     "state": state, "state_dir": str(session.state_dir)})
     return out
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
-from sandbox.errors import CommandError, SandboxError
+from sandbox import commands
+from sandbox.errors import SandboxError
 from sandbox.manifests import PLUGINS, find_plugin
 from sandbox.session import find_session
 from sandbox.textui import dump, table
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(plugin.text())
         return 0
     session = find_session(args.name)
-    kubeconfig = session.record.get("kubeconfig")
+    kubeconfig = session.record.kubeconfig
     native = session.runtime == "native"
     if not kubeconfig:
         raise SandboxError(
@@ -63,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
         # become links to this sandbox's directories, removed by `sandbox down`
         for link, target in link_host_paths(session.state_dir).items():
             print(f"node path {link} -> {target}")
-        built = Path(str(session.record.get("bin_dir", ""))) / "kubectl"
+        built = Path(session.record.bin_dir or "") / "kubectl"
         kubectl = str(built) if built.is_file() else kubectl
     if plugin.nvml:
         if session.runtime == "kind":
-            from sandbox.runtimes.kindapi import install_nvml
+            from sandbox.runtimes.kind.api import install_nvml
 
             for path in install_nvml(session.state_dir):
                 print(f"our NVML for the node's pods: {path}")
@@ -80,9 +80,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise SandboxError(f"{plugin.name} needs a kind or native sandbox")
     argv = [kubectl, "--kubeconfig", str(kubeconfig), "apply", "-f", "-"]
-    result = subprocess.run(argv, input=text, text=True, capture_output=True, check=False)
-    if result.returncode != 0:
-        raise CommandError(argv, result.returncode, result.stdout + result.stderr)
+    result = commands.run(argv, input=text, timeout=None)
     sys.stdout.write(result.stdout)
     return 0
 

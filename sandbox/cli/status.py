@@ -349,7 +349,7 @@ def spec_files(session: Session) -> list[Path]:
     if whole.exists():
         return [whole]
     files = [session.state_dir / "nodes" / name / "spec.json"
-             for name in session.record.get("nodes", {})]
+             for name in session.record.nodes]
     if not files:
         raise SandboxError(f"{session.state_dir}: no resolved spec (spec.json) yet")
     return files
@@ -414,7 +414,7 @@ def _once(args: argparse.Namespace, compact: bool = False) -> int:
     if pod is not None:
         only_pod(runtime, session.state_dir, status, *pod)
     picture = args.output in ("svg", "png")
-    kubeconfig = session.record.get("kubeconfig")
+    kubeconfig = session.record.kubeconfig
     cluster = _spec(session, status, picture, wanted=bool(kubeconfig))
     mark_holders(status, cluster)
     health = read_health(str(kubeconfig) if kubeconfig else None, status, cluster, pod)

@@ -34,16 +34,15 @@ from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile import PROFILE_HELP, STDIN_NAME, LoadedProfile, load_profile
 from sandbox.runtimes import RUNTIMES, choose_runtime, runtime_for
 from sandbox.runtimes.base import (
-    STATE_MARKER,
     STDIN_COPY,
     Runtime,
     StateBusy,
     StateLock,
     check_name,
     default_state_root,
-    read_record,
     state_dir_for,
 )
+from sandbox.runtimes.record import STATE_MARKER, read_record
 from sandbox.runtimes.steps import interrupts_held
 from sandbox.session import list_sessions
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 
-from sandbox.errors import CommandError, SandboxError
+from sandbox.commands import run
+from sandbox.errors import SandboxError
 
 
 def svg_to_png(svg: str) -> bytes:
@@ -14,9 +14,4 @@ def svg_to_png(svg: str) -> bytes:
         raise SandboxError(
             "PNG output needs rsvg-convert: apt-get install librsvg2-bin (or use --output svg)"
         )
-    result = subprocess.run([tool, "--format=png"], input=svg.encode(), capture_output=True,
-                            check=False)
-    if result.returncode != 0:
-        raise CommandError([tool, "--format=png"], result.returncode,
-                           result.stderr.decode(errors="replace"))
-    return result.stdout
+    return run([tool, "--format=png"], input=svg.encode(), timeout=None).stdout_bytes

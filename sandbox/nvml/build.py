@@ -12,11 +12,12 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from sandbox.cache import cache_root
+from sandbox.commands import run
 from sandbox.errors import NvmlBuildError
 
 HERE = Path(__file__).parent
@@ -29,12 +30,6 @@ CFLAGS = ("-shared", "-fPIC", "-O2", "-pthread", "-fvisibility=hidden", "-Wall",
           "-Werror", f"-Wl,-soname,{LIBRARY_NAME}", "-Wl,--no-undefined")  # fmt: skip
 INSTALL_HINT = "gcc is needed to build hw-sandbox's NVML library: apt-get install gcc libc6-dev"
 _IMPLEMENTED = re.compile(r"^API\s+[\w\s\*]+?\b(nvml\w+)\s*\(", re.MULTILINE)
-
-
-def cache_root() -> Path:
-    base = os.environ.get("HWSANDBOX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hw-sandbox")
-    return Path(base)
 
 
 def entrypoints() -> list[str]:
@@ -107,7 +102,7 @@ def build() -> Path:
         stubs.write_text(stubs_source())
         out = Path(work) / LIBRARY_NAME
         argv = [gcc, *CFLAGS, "-o", str(out), *map(str, SOURCES), str(stubs)]
-        result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
+        result = run(argv, check=False, timeout=300)
         if result.returncode != 0:
             raise NvmlBuildError(
                 f"gcc failed (exit {result.returncode}) building {LIBRARY_NAME}:\n"

@@ -7,9 +7,9 @@ processes), ``kind`` (kind clusters in Docker). Each lives in its own module; th
 verbs only pick one and call it.
 
 State of one sandbox lives under ``state_dir`` (default ``/run/hw-sandbox/<name>``):
-``sandbox.json`` (runtime, profile path, nodes) plus whatever the backend keeps there.
+``sandbox.json`` (``record.SandboxRecord``) plus whatever the backend keeps there.
 Names are DNS labels (``check_name``), so a state dir is always a direct child of the state
-root; ``write_record`` creates it with a ``.hw-sandbox-state`` marker, and
+root; ``record.write_record`` creates it with a ``.hw-sandbox-state`` marker, and
 ``remove_state_dir`` removes only a marked directory, never following symlinks and never
 crossing into a mount (``remove_marked_dir``: the same for any directory a runtime marks).
 
@@ -23,25 +23,22 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import re
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox.errors import SandboxError
-from sandbox.profile.spec import Cluster
+from sandbox.profile.spec import Cluster, NodeSpec
+from sandbox.progress import Progress
+from sandbox.runtimes.record import STATE_MARKER
 
 if TYPE_CHECKING:  # grpcio is loaded only where a kubelet is asked (add_pod_resources)
     from sandbox.podresources import Allocatable, Allocation
 
-Progress = Callable[[str], None]
-
-STATE_MARKER = ".hw-sandbox-state"
 STDIN_COPY = "profile.yaml"  # `sandbox up -`: the profile read from stdin, kept for status
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
@@ -195,30 +192,6 @@ def add_pod_resources(node: NodeStatus, socket: Path | None) -> None:
         node.notes.append(f"pod-resources: {exc}")
 
 
-def write_record(state_dir: Path, record: dict[str, Any]) -> None:
-    """Save the record; the first write creates the state dir and marks it as ours."""
-    if not (state_dir / STATE_MARKER).is_file():
-        check_name(state_dir.name)
-        state_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-        try:
-            state_dir.mkdir(mode=0o700)
-        except FileExistsError:
-            if state_dir.is_symlink() or not state_dir.is_dir() or any(state_dir.iterdir()):
-                raise SandboxError(
-                    f"{state_dir}: exists and was not made by `sandbox up`; not using it"
-                ) from None
-        (state_dir / STATE_MARKER).write_text("made by `sandbox up`; `sandbox down` removes "
-                                              "this directory\n")
-    tmp = state_dir / "sandbox.json.tmp"
-    try:
-        tmp.write_text(json.dumps(record, indent=2) + "\n")
-        tmp.replace(state_dir / "sandbox.json")
-    except BaseException:
-        with contextlib.suppress(OSError):  # a full disk: the last whole record stays
-            tmp.unlink()
-        raise
-
-
 class StateBusy(SandboxError):
     """Another ``sandbox up`` or ``sandbox down`` holds the sandbox's ``StateLock``."""
 
@@ -292,14 +265,6 @@ class StateLock:
             self._fd = -1
 
 
-def read_record(state_dir: Path) -> dict[str, Any] | None:
-    try:
-        data: dict[str, Any] = json.loads((state_dir / "sandbox.json").read_text())
-    except FileNotFoundError:
-        return None
-    return data
-
-
 def remove_state_dir(state_dir: Path) -> None:
     """``rm -r`` of a state dir ``write_record`` made (see ``remove_marked_dir``)."""
     check_name(state_dir.name)
@@ -351,3 +316,18 @@ def _empty_dir(fd: int, dev: int, shown: str) -> None:
         finally:
             os.close(sub)
         os.rmdir(name, dir_fd=fd)
+
+
+def advertisable(node: NodeSpec, plugged: int) -> int:
+    """How many devices our plugin will advertise on ``node``, estimated from the spec
+    alone, for a runtime with no tree on the host (kind); where the tree is mounted here,
+    the plugin's own discovery gives the exact count (``local._advertised``)."""
+    count = 0
+    for dev in node.devices:
+        if dev.gpu is not None:
+            count += 1 if not (dev.vendor == "intel" and dev.gpu.num_vfs) else 0
+        elif dev.nic is not None:
+            count += dev.nic.num_vfs * dev.nic.ports
+        elif dev.fpga is not None and dev.fpga.flavor == "dfl":
+            count += dev.fpga.ports
+    return min(count, max(plugged, 0)) if count else 0

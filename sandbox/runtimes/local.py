@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from sandbox import supervisor
 from sandbox.agent import initial_states, start_node, unmount, wait_node
@@ -26,17 +25,16 @@ from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.kubelet.status import read_status
 from sandbox.profile import spec
 from sandbox.profile.spec import Cluster, NodeSpec
+from sandbox.progress import Progress
 from sandbox.runtimes.base import (
     NodeStatus,
-    Progress,
     ResourceStatus,
     SandboxStatus,
     add_devices,
-    read_record,
-    remove_state_dir,
-    write_record,
+    advertisable,
 )
-from sandbox.runtimes.steps import Step, interrupts_held, run_steps, undo_steps
+from sandbox.runtimes.record import NodeRecord, SandboxRecord, read_record, write_record
+from sandbox.runtimes.steps import Step, interrupts_held, run_steps, take_down
 from sandbox.supervisor import Proc, log_tail
 
 READY_TIMEOUT = 20.0
@@ -63,10 +61,8 @@ class LocalRuntime:
         reason = self.unavailable_reason()
         if reason:
             raise RuntimeBackendError("check", reason)
-        record: dict[str, Any] = {
-            "name": state_dir.name, "runtime": self.name, "profile": profile_path,
-            "created": time.time(), "nodes": {},
-        }
+        record = SandboxRecord(name=state_dir.name, runtime=self.name, profile=profile_path,
+                               created_at=time.time())
         write_record(state_dir, record)
         up = _Up(self, cluster, profile_path, state_dir, record, progress)
         run_steps(_steps(state_dir, progress, up), progress)
@@ -96,7 +92,7 @@ class LocalRuntime:
         d = node_dir(state_dir, node.name)
         started = time.monotonic()
         plugged = len(node.devices) - sum(not s.plugged for s in initial_states(node).values())
-        expected = None if _advertisable(node, plugged) else _advertised(d / "root")
+        expected = None if advertisable(node, plugged) else _advertised(d / "root")
         if expected == 0:
             return
         deadline = started + READY_TIMEOUT
@@ -123,25 +119,21 @@ class LocalRuntime:
             f" plugin log: {log_tail(d / 'plugin.log')}")
 
     def down(self, state_dir: Path, progress: Progress) -> None:
-        problems = undo_steps(_steps(state_dir, progress), progress)
-        # Anything mounted below the state dir that the record missed (a crashed up).
-        for root in sorted(state_dir.glob("nodes/*/root")):
-            with contextlib.suppress(SandboxError):
-                unmount(root)
-        if problems:
-            raise RuntimeBackendError("down", "; ".join(problems))
-        try:
-            remove_state_dir(state_dir)
-        except SandboxError as exc:
-            raise RuntimeBackendError("down", str(exc)) from exc
+        def leftovers() -> None:
+            # Anything mounted below the state dir that the record missed (a crashed up).
+            for root in sorted(state_dir.glob("nodes/*/root")):
+                with contextlib.suppress(SandboxError):
+                    unmount(root)
+
+        take_down(state_dir, _steps(state_dir, progress), progress, leftovers)
 
     def status(self, state_dir: Path) -> SandboxStatus:
-        record = read_record(state_dir) or {}
-        out = SandboxStatus(state_dir.name, self.name, record.get("profile", "?"))
-        for name, info in record.get("nodes", {}).items():
+        record = read_record(state_dir) or SandboxRecord()
+        out = SandboxStatus(state_dir.name, self.name, record.profile or "?")
+        for name, info in record.nodes.items():
             node = NodeStatus(name, ready=True)
-            node.ready = add_devices(node, Path(info["socket"]))
-            for res in read_status(Path(info["status_file"])):
+            node.ready = add_devices(node, Path(info.socket))
+            for res in read_status(Path(info.status_file)) if info.status_file else ():
                 node.resources.append(ResourceStatus(res.name, res.capacity, res.allocatable,
                                                      res.by_numa))
             procs = _procs(info)
@@ -187,14 +179,14 @@ class _Up:
     dominates, so it overlaps across nodes."""
 
     def __init__(self, runtime: LocalRuntime, cluster: Cluster, profile_path: str,
-                 state_dir: Path, record: dict[str, Any], progress: Progress) -> None:
+                 state_dir: Path, record: SandboxRecord, progress: Progress) -> None:
         self.runtime, self.cluster, self.profile_path = runtime, cluster, profile_path
         self.state_dir, self.record, self.progress = state_dir, record, progress
         self.kubelets: dict[str, Proc] = {}
 
-    def _procs(self, node: str) -> dict[str, Any]:
-        procs: dict[str, Any] = self.record["nodes"][node]["procs"]
-        return procs
+    def _add_proc(self, node: str, what: str, proc: Proc) -> None:
+        self.record = self.record.with_node(
+            node, self.record.nodes[node].with_proc(what, proc.to_json()))
 
     @contextlib.contextmanager
     def _starting(self) -> Iterator[list[Proc]]:
@@ -219,18 +211,17 @@ class _Up:
                 kubelet = self.runtime._start_kubelet(node, self.state_dir)
                 started.append(kubelet)
                 self.kubelets[node.name] = kubelet
-                self.record["nodes"][node.name] = {
-                    "root": str(d / "root"), "socket": str(d / "control.sock"),
-                    "kubelet_dir": str(d / "kubelet"),
-                    "status_file": str(d / "kubelet-status.json"),
-                    "procs": {"kubelet": kubelet.to_json()},
-                }
+                self.record = self.record.with_node(node.name, NodeRecord(
+                    root=str(d / "root"), socket=str(d / "control.sock"),
+                    kubelet_dir=str(d / "kubelet"),
+                    status_file=str(d / "kubelet-status.json"),
+                    procs={"kubelet": kubelet.to_json()}))
 
     def mounts(self) -> None:
         # Every server serves the spec resolved here, not its own reading of the profile.
         spec_file = self.state_dir / "spec.json"
         spec_file.write_text(spec.dump(self.cluster))
-        self.record["spec"] = str(spec_file)
+        self.record = replace(self.record, spec=str(spec_file))
         starting = {}
         with self._starting() as started:
             for node in self.cluster.nodes:
@@ -240,7 +231,7 @@ class _Up:
                     None, node.base_name, d / "root", index=node.index, state_dir=d,
                     log_file=d / "mount.log", spec_file=spec_file)
                 started.append(starting[node.name])
-                self._procs(node.name)["mount"] = starting[node.name].to_json()
+                self._add_proc(node.name, "mount", starting[node.name])
         for node in self.cluster.nodes:
             try:
                 wait_node(starting[node.name])
@@ -264,7 +255,7 @@ class _Up:
                      # Rescan on the tree's change events, not every second (idle CPU).
                      "--watch", str(d / "control.sock")], d / "plugin.log")
                 started.append(plugin)
-                self._procs(node.name)["plugin"] = plugin.to_json()
+                self._add_proc(node.name, "plugin", plugin)
 
     def advertised(self) -> None:
         for node in self.cluster.nodes:
@@ -289,7 +280,7 @@ def _undo(state_dir: Path, what: str, progress: Progress) -> Callable[[], None]:
     key = {"kubelet harness": "kubelet"}.get(what, what)
 
     def undo() -> None:
-        nodes = (read_record(state_dir) or {}).get("nodes", {})
+        nodes = (read_record(state_dir) or SandboxRecord()).nodes
         supervisor.stop([p for info in nodes.values()
                          if (p := _procs(info).get(key)) is not None], timeout=5.0)
         if key != "mount":
@@ -297,7 +288,7 @@ def _undo(state_dir: Path, what: str, progress: Progress) -> Callable[[], None]:
         problems = []
         for name, info in nodes.items():
             try:
-                unmount(Path(info.get("root", node_dir(state_dir, name) / "root")))
+                unmount(Path(info.root or node_dir(state_dir, name) / "root"))
             except SandboxError as exc:
                 problems.append(str(exc))
             progress(f"{name}: stopped")
@@ -307,22 +298,24 @@ def _undo(state_dir: Path, what: str, progress: Progress) -> Callable[[], None]:
     return undo
 
 
-def _node_info(state_dir: Path, node: str) -> dict[str, Any]:
-    info: dict[str, Any] | None = (read_record(state_dir) or {}).get("nodes", {}).get(node)
+def _node_info(state_dir: Path, node: str) -> NodeRecord:
+    info = (read_record(state_dir) or SandboxRecord()).node(node)
     if info is None:
         raise SandboxError(f"no node {node!r} in sandbox {state_dir.name!r}")
     return info
 
 
-def _registered(info: dict[str, Any]) -> frozenset[str]:
-    return frozenset(r.name for r in read_status(Path(info["status_file"])) if r.connected)
+def _registered(info: NodeRecord) -> frozenset[str]:
+    if info.status_file is None:
+        return frozenset()
+    return frozenset(r.name for r in read_status(Path(info.status_file)) if r.connected)
 
 
-def _procs(info: dict[str, Any]) -> dict[str, Proc]:
+def _procs(info: NodeRecord) -> dict[str, Proc]:
     """The processes recorded for a node. ``Proc`` knows each one's start time, so a pid
     the kernel gave to another process since is never signalled."""
     out = {}
-    for what, obj in info.get("procs", {}).items():
+    for what, obj in info.procs.items():
         with contextlib.suppress(KeyError, TypeError, ValueError):
             out[what] = Proc.from_json(obj)
     return out
@@ -342,17 +335,3 @@ def _advertised(root: Path) -> int:
     from hwplugins.deviceplugin import discover
 
     return len(discover(root))
-
-
-def _advertisable(node: NodeSpec, plugged: int) -> int:
-    """An estimate from the spec alone, for a runtime with no tree on the host (kind);
-    where the tree is mounted here, ``_advertised`` gives the exact count."""
-    count = 0
-    for dev in node.devices:
-        if dev.gpu is not None:
-            count += 1 if not (dev.vendor == "intel" and dev.gpu.num_vfs) else 0
-        elif dev.nic is not None:
-            count += dev.nic.num_vfs * dev.nic.ports
-        elif dev.fpga is not None and dev.fpga.flavor == "dfl":
-            count += dev.fpga.ports
-    return min(count, max(plugged, 0)) if count else 0

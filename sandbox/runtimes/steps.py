@@ -21,10 +21,12 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from sandbox.errors import RuntimeBackendError, SandboxError
-from sandbox.runtimes.base import Progress
+from sandbox.progress import Progress
+from sandbox.runtimes.base import remove_state_dir
 
 
 def _nothing() -> None:
@@ -62,6 +64,22 @@ def undo_steps(steps: Sequence[Step], progress: Progress) -> list[str]:
             problems.append(f"{step.name}: {exc}")
             progress(f"undoing {step.name}: {exc}")
     return problems
+
+
+def take_down(state_dir: Path, steps: Sequence[Step], progress: Progress,
+              leftovers: Callable[[], None] | None = None) -> None:
+    """A backend's ``down``: every ``undo`` of its ``steps`` (then ``leftovers``, what
+    the record may have missed), then the state dir removed; RuntimeBackendError naming
+    the step ``down`` with every problem."""
+    problems = undo_steps(steps, progress)
+    if leftovers is not None:
+        leftovers()
+    if problems:
+        raise RuntimeBackendError("down", "; ".join(problems))
+    try:
+        remove_state_dir(state_dir)
+    except SandboxError as exc:
+        raise RuntimeBackendError("down", str(exc)) from exc
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from conftest import NativeCluster
 
 from sandbox.manifests import PLUGINS
 from sandbox.profile import load_profile
-from sandbox.runtimes.kindapi import agent_manifests
+from sandbox.runtimes.kind.api import agent_manifests
 from sandbox.runtimes.native import bin_dir
 
 REPO = Path(__file__).resolve().parents[2]

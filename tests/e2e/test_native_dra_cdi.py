@@ -57,8 +57,8 @@ from conftest import (
     wait_until,
 )
 
-from sandbox.runtimes.base import read_record
 from sandbox.runtimes.native import BUSYBOX_REF, running
+from sandbox.runtimes.record import read_record
 
 PARTITION_PROFILE = "1g.10gb"
 # what a container prints: its NVIDIA device nodes with major:minor (hex), then its env
@@ -225,8 +225,9 @@ def test_feature_gates_reach_every_component(cluster: NativeCluster) -> None:
     insecure.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
     record = read_record(cluster.state_dir)
     assert record is not None
-    assert record["feature_gates"] == MIG_FEATURE_GATES
-    ports = record["ports"]
+    assert record.feature_gates == MIG_FEATURE_GATES
+    ports = record.ports
+    assert ports is not None
     api = f"https://127.0.0.1:{ports['apiserver']}"
     urls = {
         "kube-apiserver": (f"{api}/metrics", ctx),

@@ -2,7 +2,7 @@
 item 6).
 
 Built from its Go module (scripts/build-plugins dra-example-driver, into the cache), put
-into an OCI image from that local file (``sandbox.runtimes._images``; there is no
+into an OCI image from that local file (``sandbox.images.oci``; there is no
 registry), imported into the node's containerd and run by the DaemonSet of our own
 manifest (plugins/manifests/dra-example-driver.yaml), with two native-runtime settings the
 manifest's header names: its CDI_ROOT volume is ``state_dir/cdi-plugins`` (one of
@@ -27,9 +27,10 @@ import pytest
 import yaml
 from conftest import REPO, NativeCluster, default_service_account, events, phase, wait_until
 
-from sandbox.runtimes import _images
-from sandbox.runtimes.base import read_record
+from sandbox.images.oci import PATH, write_archive
+from sandbox.images.tarfiles import layer_tar
 from sandbox.runtimes.native import BUSYBOX_REF, bin_dir, cache_dir
+from sandbox.runtimes.record import read_record
 
 DRIVER = "gpu.example.com"
 VERSION = "v0.2.0"
@@ -56,13 +57,11 @@ def _image(binary: Path) -> Path:
     digest = hashlib.sha256(data + IMAGE.encode()).hexdigest()[:16]
     dest = cache / f"dra-example-driver-{digest}.oci.tar"
     if not dest.is_file():
-        layer = _images.Layer(
-            files={"/usr/bin/dra-example-kubeletplugin": data},
-            executables={"/usr/bin/dra-example-kubeletplugin"},
-            symlinks={}, dirs={"/tmp", "/var", "/var/run", "/etc"})
-        tmp = dest.with_name(f".{dest.name}.tmp")
-        _images.write_image(tmp, IMAGE, layer, cmd=["/usr/bin/dra-example-kubeletplugin"])
-        tmp.replace(dest)
+        layer = layer_tar({"/usr/bin/dra-example-kubeletplugin": data},
+                          {"/usr/bin/dra-example-kubeletplugin"},
+                          dirs={"/tmp", "/var", "/var/run", "/etc"})
+        write_archive(dest, IMAGE, [layer],
+                      {"Env": [PATH], "Cmd": ["/usr/bin/dra-example-kubeletplugin"]})
     return dest
 
 
@@ -75,9 +74,9 @@ def _manifest(cluster: NativeCluster) -> str:
     (cdi,) = [v for v in spec["volumes"] if v["name"] == "cdi"]
     cdi["hostPath"]["path"] = str(cluster.layout.cdi_plugins)
     (plugin,) = spec["containers"]
-    plugin["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": record["host_ip"]},
+    plugin["env"] += [{"name": "KUBERNETES_SERVICE_HOST", "value": str(record.host_ip)},
                       {"name": "KUBERNETES_SERVICE_PORT",
-                       "value": str(record["ports"]["apiserver"])}]
+                       "value": str((record.ports or {})["apiserver"])}]
     return yaml.safe_dump_all(docs)
 
 

@@ -54,8 +54,8 @@ from conftest import (
 )
 
 from sandbox.profile.spec import DeviceSpec
-from sandbox.runtimes.base import read_record
 from sandbox.runtimes.native import running
+from sandbox.runtimes.record import read_record
 
 EXAMPLE = REPO / "examples" / "dra" / "optional-node-operations.yaml"
 FEATURE = "DRAOptionalNodeOperations"  # the kubelet's declared feature: the gate's name
@@ -113,8 +113,8 @@ def test_a_control_plane_only_vf_runs_its_pod_without_node_prepare(
         cluster: NativeCluster) -> None:
     record = read_record(cluster.state_dir)
     assert record is not None
-    assert record["feature_gates"] == OPTIONAL_FEATURE_GATES
-    assert record["dra_options"] == ["--skip-node-operations", "vf"]
+    assert record.feature_gates == OPTIONAL_FEATURE_GATES
+    assert record.dra_options == ("--skip-node-operations", "vf")
     # The kubelet (gate on) declares the feature; the scheduler checks exactly this list.
     # Read raw: the official client may predate status.declaredFeatures.
     node = json.loads(cluster.core.read_node(cluster.node.name, _preload_content=False).data)

@@ -1,7 +1,7 @@
 """The kind runtime end to end: real Docker, real kind v0.32.0, real Kubernetes v1.37.2.
 
 Everything is built here from package registries only (no container registry): the node
-image (``sandbox.runtimes.kindimage``: a Debian rootfs by mmdebstrap, kind's base files
+image (``sandbox.images.node``: a Debian rootfs by mmdebstrap, kind's base files
 from its Go module, our Go-built Kubernetes), the agent base image, kind itself. Missing
 prerequisites FAIL with the command that fixes them; nothing is skipped.
 
@@ -72,8 +72,9 @@ def kind_env() -> KindEnv:
     if not (bin_dir / "kubeadm").is_file() or not (bin_dir / "kubectl").is_file():
         pytest.fail(f"no kubeadm/kubectl in {bin_dir}: run scripts/build-k8s")
     kind = go_install("sigs.k8s.io/kind", KIND_VERSION, "kind")
-    from sandbox.runtimes.imagefiles import BuildError
-    from sandbox.runtimes.kindimage import build_agent_base, build_node_image
+    from sandbox.errors import SandboxError
+    from sandbox.images.agent import build_agent_base
+    from sandbox.images.node import build_node_image
 
     try:
         image = build_node_image(print)
@@ -82,7 +83,7 @@ def kind_env() -> KindEnv:
         said: list[str] = []
         assert build_node_image(said.append) == image
         assert f"node image {image} is current" in said, said
-    except BuildError as exc:
+    except SandboxError as exc:
         pytest.fail(f"building the kind images failed: {exc}")
     env = dict(os.environ, PATH=f"{kind.parent}:{bin_dir}:{os.environ['PATH']}",
                HWSANDBOX_STATE_DIR=str(STATE_ROOT))

@@ -63,7 +63,7 @@ def broken_agent_base(kind_env: KindEnv) -> str:
     """An agent base whose Python is gone: the agent pods cannot start."""
     import docker
 
-    from sandbox.runtimes.kindimage import AGENT_BASE_IMAGE
+    from sandbox.images.agent import AGENT_BASE_IMAGE
 
     ref = "hwsb-e2e/broken-agent-base:latest"
     dockerfile = f"FROM {AGENT_BASE_IMAGE}\nRUN rm -f /usr/bin/python3 /usr/bin/python3.11\n"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from sandbox.runtimes._images import Layer, write_image
+from sandbox.images.oci import PATH, write_archive
+from sandbox.images.tarfiles import layer_tar
 from tests.kind_e2e.conftest import REPO, KindSandbox
 from tests.thirdparty import plugin_binary
 
@@ -25,9 +26,9 @@ def _load_intel_image(sb: KindSandbox) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "intel-gpu-plugin.oci.tar"
         entry = "/usr/local/bin/intel_gpu_device_plugin"
-        write_image(archive, f"docker.io/{INTEL_IMAGE}",
-                    Layer(files={entry: binary}, executables={entry}, dirs={"/tmp"}),
-                    entrypoint=[entry])
+        write_archive(archive, f"docker.io/{INTEL_IMAGE}",
+                      [layer_tar({entry: binary}, {entry}, dirs={"/tmp"})],
+                      {"Env": [PATH], "Entrypoint": [entry]})
         subprocess.run(["kind", "load", "image-archive", str(archive), "--name", sb.name],
                        check=True, capture_output=True, env=sb.kenv.env, timeout=300)
 

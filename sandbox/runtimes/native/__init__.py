@@ -12,7 +12,8 @@ detached processes with pid files and logs under ``state_dir``::
 
 It owns: certificates (``openssl`` CLI), kubeconfigs (``state_dir/kubeconfig`` is the
 admin's), the containerd and kubelet configs, the CNI config (bridge ``hwsb0`` +
-host-local; containerd adds loopback), the local pause and busybox images (``_images``).
+host-local; containerd adds loopback), the local pause and busybox images
+(``sandbox.images.pause``).
 The fake hardware comes from ``sandbox.agent`` (``prepare_node_tree``): the kubelet sees the
 tree's CPUs, NUMA nodes and memory in a mount namespace of its own
 (``sandbox.runtimes.kubeletns``), containerd runs runc through the cpuset mapper
@@ -47,20 +48,18 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.images.pause import BUSYBOX
 from sandbox.profile.spec import Cluster
-from sandbox.runtimes import _images, kubeletns
+from sandbox.progress import Progress
+from sandbox.runtimes import kubeletns
 from sandbox.runtimes.base import (
-    Progress,
     SandboxStatus,
     add_devices,
     add_pod_resources,
-    read_record,
     remove_marked_dir,
     remove_state_dir,
-    write_record,
 )
 from sandbox.runtimes.native.cleanup import (
     CREATED_MARKER,
@@ -99,6 +98,7 @@ from sandbox.runtimes.native.common import (
 from sandbox.runtimes.native.configs import cni_config, containerd_config, kubelet_config
 from sandbox.runtimes.native.k8s import kubelet_running, node_status
 from sandbox.runtimes.native.steps import Up, down_steps, up_steps
+from sandbox.runtimes.record import NodeRecord, SandboxRecord, read_record, write_record
 from sandbox.runtimes.steps import run_steps, undo_steps
 
 __all__ = [
@@ -121,8 +121,8 @@ MAX_SOCKET_PATH = 104
 
 def _recorded_kubelet_root(state_dir: Path) -> Path:
     """The kubelet root dir the sandbox in ``state_dir`` was brought up with."""
-    record = read_record(state_dir) or {}
-    return Path(record.get("kubelet_root", str(kubelet_root())))
+    record = read_record(state_dir) or SandboxRecord()
+    return Path(record.kubelet_root or str(kubelet_root()))
 
 
 class NativeRuntime:
@@ -169,7 +169,7 @@ class NativeRuntime:
             return f"missing {', '.join(what)} ({BUILD_HINT}; it installs the Debian packages)"
         if shutil.which("fusermount3") is None:
             return "missing fusermount3 for the node's FUSE tree (run scripts/install-system-deps)"
-        if not _images.BUSYBOX.is_file() or shutil.which("gcc") is None:
+        if not BUSYBOX.is_file() or shutil.which("gcc") is None:
             return f"missing busybox-static or gcc ({BUILD_HINT})"
         if kubelet_running():
             return "another native sandbox is running on this machine (one kubelet per host)"
@@ -202,36 +202,36 @@ class NativeRuntime:
         ip = host_ip()
         ports = free_ports(("etcd", "etcd-peer", "apiserver", "controller-manager",
                             "scheduler", "kubelet", "kubelet-healthz"))
-        record: dict[str, Any] = {
-            "runtime": self.name,
-            "profile": profile_path,
-            "cluster": cluster.name,
-            "name": state_dir.name,
+        record = SandboxRecord(
+            runtime=self.name,
+            profile=profile_path,
+            cluster=cluster.name,
+            name=state_dir.name,
             # same shape as the local runtime's: `sandbox fault` finds the control socket
-            "nodes": {node.name: {
-                "root": str(state_dir / "node-root"),
-                "socket": str(state_dir / "node" / "control.sock"),
-                "kubelet_dir": str(DEVICE_PLUGINS_DIR),
-            }},
-            "version": K8S_VERSION,
+            nodes={node.name: NodeRecord(
+                root=str(state_dir / "node-root"),
+                socket=str(state_dir / "node" / "control.sock"),
+                kubelet_dir=str(DEVICE_PLUGINS_DIR),
+            )},
+            version=K8S_VERSION,
             # the admin kubeconfig (pki step), as the kind runtime records its own: what
             # `sandbox plugins deploy` and `sandbox dra claims` talk to the API server with
-            "kubeconfig": str(layout.kubeconfig),
-            "bin_dir": str(bin_dir()),
-            "ports": ports,
-            "host_ip": ip,
-            "kubelet_root": str(root),
+            kubeconfig=str(layout.kubeconfig),
+            bin_dir=str(bin_dir()),
+            ports=ports,
+            host_ip=ip,
+            kubelet_root=str(root),
             # containerd (1.6 and 2.4) puts shim sockets in /run/containerd/s whatever its state dir
-            "created": [str(p) for p in (root, DEVICE_PLUGINS_DIR.parent,
-                                         Path("/var/log/containers"), Path("/var/lib/cni"),
-                                         Path("/run/containerd")) if not p.exists()],
-            "sysctls": {k: sysctl(k) for k in KUBELET_SYSCTLS},
-            "netns": [],
-            "dra_driver": self.dra_driver,
-            "containerd": CONTAINERD_VERSION,
-            "feature_gates": self.feature_gates,
-            "dra_options": self.dra_options,
-        }
+            created_paths=tuple(str(p) for p in (root, DEVICE_PLUGINS_DIR.parent,
+                                                 Path("/var/log/containers"), Path("/var/lib/cni"),
+                                                 Path("/run/containerd")) if not p.exists()),
+            sysctls={k: sysctl(k) for k in KUBELET_SYSCTLS},
+            netns=(),
+            dra_driver=self.dra_driver,
+            containerd=CONTAINERD_VERSION,
+            feature_gates=self.feature_gates,
+            dra_options=tuple(self.dra_options),
+        )
         write_record(state_dir, record)
         if not root.exists():  # ours alone: down removes it whole
             root.mkdir(parents=True, mode=0o700)
@@ -267,7 +267,7 @@ class NativeRuntime:
     def down(self, state_dir: Path, progress: Progress) -> None:
         layout = Layout(state_dir)
         problems = undo_steps(down_steps(layout, progress), progress)
-        record = read_record(state_dir) or {}
+        record = read_record(state_dir) or SandboxRecord()
         problems += host_cleanup(layout, record, progress)
         if problems:
             raise RuntimeBackendError("down", "; ".join(problems))
@@ -279,13 +279,13 @@ class NativeRuntime:
     # -- kubelet restart ----------------------------------------------------------------
     def restart_kubelet(self, state_dir: Path, node: str) -> None:
         layout = Layout(state_dir)
-        record = read_record(state_dir) or {}
-        if node not in record.get("nodes", []):
+        record = read_record(state_dir) or SandboxRecord()
+        if node not in record.nodes or not record.ports:
             raise RuntimeBackendError("restart kubelet", f"no node {node!r} in {state_dir}")
         argv = json.loads((layout.run / "kubelet.argv.json").read_text())
         stop(layout, "kubelet")
         spawn(layout, "kubelet", argv)
-        healthz = f"http://127.0.0.1:{record['ports']['kubelet-healthz']}/healthz"
+        healthz = f"http://127.0.0.1:{record.ports['kubelet-healthz']}/healthz"
         wait_for(layout, "kubelet", "healthy", lambda: http_ok(healthz), 120)
 
     def registered_plugins(self, state_dir: Path, node: str) -> frozenset[str]:
@@ -310,11 +310,11 @@ class NativeRuntime:
         record = read_record(state_dir)
         if record is None:
             raise RuntimeBackendError("status", f"no sandbox in {state_dir}")
-        result = SandboxStatus(name=str(record.get("cluster", state_dir.name)),
-                               runtime=self.name, profile=str(record.get("profile", "")))
-        for name, info in record.get("nodes", {}).items():
+        result = SandboxStatus(name=record.cluster or state_dir.name,
+                               runtime=self.name, profile=record.profile)
+        for name, info in record.nodes.items():
             node = node_status(layout, name)
-            if not add_devices(node, Path(info["socket"])):
+            if not add_devices(node, Path(info.socket)):
                 node.down.append("fake hardware server")
             add_pod_resources(node, self.pod_resources_socket(state_dir, name))
             result.nodes.append(node)

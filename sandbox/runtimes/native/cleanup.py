@@ -10,12 +10,13 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from sandbox import supervisor
+from sandbox.commands import run
 from sandbox.errors import CommandError
-from sandbox.runtimes.base import Progress
-from sandbox.runtimes.native.common import BRIDGE, Layout, ctr, run, running
+from sandbox.progress import Progress
+from sandbox.runtimes.native.common import BRIDGE, Layout, ctr, running
+from sandbox.runtimes.record import SandboxRecord
 from sandbox.supervisor import Proc
 
 
@@ -90,12 +91,12 @@ def remove_containers(layout: Layout, progress: Progress) -> list[str]:
         return []
     ctr_argv = ctr(layout)
     netns: set[str] = set()
-    ids = run([*ctr_argv, "containers", "ls", "-q"], check=False).split()
+    ids = run([*ctr_argv, "containers", "ls", "-q"], check=False).stdout.split()
     if ids:
         progress(f"removing {len(ids)} containers")
     for cid in ids:
         with contextlib.suppress(json.JSONDecodeError, CommandError):
-            info = json.loads(run([*ctr_argv, "containers", "info", cid]))
+            info = json.loads(run([*ctr_argv, "containers", "info", cid]).stdout)
             for ns in info.get("Spec", {}).get("linux", {}).get("namespaces", []):
                 path = ns.get("path", "")
                 if ns.get("type") == "network" and "/netns/" in path:
@@ -103,7 +104,7 @@ def remove_containers(layout: Layout, progress: Progress) -> list[str]:
         run([*ctr_argv, "tasks", "kill", "-s", "SIGKILL", cid], check=False)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        tasks = run([*ctr_argv, "tasks", "ls", "-q"], check=False).split()
+        tasks = run([*ctr_argv, "tasks", "ls", "-q"], check=False).stdout.split()
         for cid in tasks:
             run([*ctr_argv, "tasks", "delete", "--force", cid], check=False, timeout=30)
         if not tasks:
@@ -120,7 +121,7 @@ def remove_containers(layout: Layout, progress: Progress) -> list[str]:
 CREATED_MARKER = ".hw-sandbox-created"
 
 
-def host_cleanup(layout: Layout, record: dict[str, Any], progress: Progress) -> list[str]:
+def host_cleanup(layout: Layout, record: SandboxRecord, progress: Progress) -> list[str]:
     """Everything but processes: mounts, netns, the bridge, cgroups, sysctls, CNI results,
     log links, created directories. Returns what it could not remove."""
     from sandbox.agent import unmount
@@ -132,13 +133,13 @@ def host_cleanup(layout: Layout, record: dict[str, Any], progress: Progress) -> 
     from sandbox.runtimes.native.hostpaths import unlink_host_paths
 
     state_dir = layout.state
-    root = Path(record.get("kubelet_root", str(kubelet_root())))
+    root = Path(record.kubelet_root or str(kubelet_root()))
     node_root = state_dir / "node-root"
     if os.path.ismount(node_root):
         unmount(node_root)
     progress("unmounting")
     unmount_below(root, state_dir)
-    for ns in record.get("netns", []):
+    for ns in record.netns or ():
         run(["umount", ns], check=False)
         with contextlib.suppress(OSError):
             os.unlink(ns)
@@ -146,7 +147,7 @@ def host_cleanup(layout: Layout, record: dict[str, Any], progress: Progress) -> 
     for name in ("kubepods", "kubepods.slice"):
         for d in cgroup_dirs(name):
             rmdir_tree(d)
-    for key, value in (record.get("sysctls") or {}).items():
+    for key, value in (record.sysctls or {}).items():
         if value is not None and sysctl(key) != value:
             with contextlib.suppress(OSError):
                 (Path("/proc/sys") / key).write_text(value + "\n")
@@ -165,7 +166,7 @@ def host_cleanup(layout: Layout, record: dict[str, Any], progress: Progress) -> 
     (DEVICE_PLUGINS_DIR / DEVICE_CHECKPOINT).unlink(missing_ok=True)
     if (DEVICE_PLUGINS_DIR / "kubelet.sock").is_socket():
         (DEVICE_PLUGINS_DIR / "kubelet.sock").unlink(missing_ok=True)
-    for created in record.get("created", []):
+    for created in record.created_paths or ():
         path = Path(created)
         if not path.is_dir() or path.is_symlink() or mounts_below(path):
             continue

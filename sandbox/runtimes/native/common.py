@@ -7,7 +7,6 @@ import os
 import random
 import socket
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox import supervisor
-from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
+from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.supervisor import Proc
 
 K8S_VERSION = os.environ.get("HWSANDBOX_K8S_VERSION", "1.37.2")
@@ -188,15 +187,6 @@ def wait_for(
         supervisor.wait_until(proc, what, check, timeout)
     except SandboxError as exc:
         raise RuntimeBackendError(f"start {name}", str(exc)) from exc
-
-
-def run(argv: Sequence[str], check: bool = True, timeout: float = 120) -> str:
-    proc = subprocess.run(
-        list(argv), capture_output=True, text=True, check=False, timeout=timeout
-    )
-    if check and proc.returncode != 0:
-        raise CommandError(argv, proc.returncode, proc.stdout + proc.stderr)
-    return proc.stdout
 
 
 def free_ports(names: Sequence[str]) -> dict[str, int]:

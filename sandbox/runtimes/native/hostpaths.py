@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from sandbox.errors import SandboxError
-from sandbox.runtimes.base import read_record, write_record
+from sandbox.runtimes.record import read_record, write_record
 
 HOST_STATE = Path("/var/lib/hw-sandbox")
 LINKS = {"root": "node-root", "nvml": "nvml", "features.d": "features.d"}
@@ -41,8 +42,8 @@ def link_host_paths(state_dir: Path, host_state: Path = HOST_STATE) -> dict[Path
         raise SandboxError(f"no sandbox record in {state_dir}")
     if not host_state.is_dir():
         host_state.mkdir(parents=True, mode=0o755)
-        record["created"] = [*record.get("created", []), str(host_state)]
-        write_record(state_dir, record)
+        write_record(state_dir, replace(
+            record, created_paths=(*(record.created_paths or ()), str(host_state))))
     made = {}
     for name, sub in LINKS.items():
         target = state_dir / sub

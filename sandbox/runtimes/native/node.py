@@ -12,7 +12,7 @@ from pathlib import Path
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile import spec
 from sandbox.profile.spec import NodeSpec
-from sandbox.runtimes.base import Progress
+from sandbox.progress import Progress
 from sandbox.runtimes.native.common import (
     DEVICE_PLUGINS_DIR,
     Layout,

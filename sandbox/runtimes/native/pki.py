@@ -8,7 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from sandbox.runtimes.native.common import SERVICE_IP, run
+from sandbox.commands import run
+from sandbox.runtimes.native.common import SERVICE_IP
 
 
 def _openssl(*args: str) -> None:

@@ -11,18 +11,20 @@ import json
 import os
 import shutil
 import ssl
-import subprocess
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
 
 from sandbox import supervisor
+from sandbox.commands import run
 from sandbox.errors import RuntimeBackendError
+from sandbox.images.pause import busybox_image, pause_image
 from sandbox.profile.spec import NodeSpec
-from sandbox.runtimes import _images, cpumap, kubeletns
-from sandbox.runtimes.base import Progress
+from sandbox.progress import Progress
+from sandbox.runtimes import cpumap, kubeletns
 from sandbox.runtimes.native.cleanup import as_proc, remove_containers, shim_pids
 from sandbox.runtimes.native.common import (
     BUSYBOX_REF,
@@ -36,7 +38,6 @@ from sandbox.runtimes.native.common import (
     containerd_bin_dir,
     ctr,
     http_ok,
-    run,
     spawn,
     stop,
     wait_for,
@@ -50,6 +51,7 @@ from sandbox.runtimes.native.node import (
     with_node_dev,
 )
 from sandbox.runtimes.native.pki import make_pki, write_kubeconfig
+from sandbox.runtimes.record import read_record, write_record
 from sandbox.runtimes.steps import Step
 
 
@@ -193,8 +195,8 @@ class Up:
             f"--config={lay.containerd / 'config.toml'}",
         ])
         wait_for(self.layout, "containerd", "serving",
-                 lambda: subprocess.run([*ctr(self.layout), "version"], capture_output=True,
-                                        check=False).returncode == 0, 60)
+                 lambda: run([*ctr(self.layout), "version"], check=False,
+                             timeout=None).returncode == 0, 60)
 
     def _share_kubelet_root(self) -> None:
         """Make the kubelet root a shared mount (a bind of itself), so the volumes the
@@ -214,11 +216,11 @@ class Up:
         ctr_argv = ctr(self.layout)
         self.progress("images (pause, busybox)")
         images = cache_dir() / "images"
-        for tarball in (_images.pause_image(images, PAUSE_REF),
-                        _images.busybox_image(images, BUSYBOX_REF)):
+        for tarball in (pause_image(images, PAUSE_REF),
+                        busybox_image(images, BUSYBOX_REF)):
             # `ctr import` unpacks into the default snapshotter (overlayfs), the CRI's.
             run([*ctr_argv, "images", "import", str(tarball)])
-        listed = run([*ctr_argv, "images", "ls", "-q"])
+        listed = run([*ctr_argv, "images", "ls", "-q"]).stdout
         for ref in (PAUSE_REF, BUSYBOX_REF):
             if ref not in listed.split():
                 raise RuntimeBackendError("images", f"{ref} missing after import: {listed}")
@@ -308,13 +310,11 @@ def down_steps(layout: Layout, progress: Progress) -> list[Step]:
             unmount(node_root)
 
     def undo_containerd() -> None:
-        from sandbox.runtimes.base import read_record, write_record
-
         netns = remove_containers(layout, progress)
         record = read_record(layout.state)
         if record is not None and netns:  # the host clean-up unmounts them after
-            record["netns"] = sorted(set(record.get("netns", [])) | set(netns))
-            write_record(layout.state, record)
+            write_record(layout.state, replace(
+                record, netns=tuple(sorted(set(record.netns or ()) | set(netns)))))
         progress("stopping containerd")
         stop(layout, "containerd")
         shims = [p for p in (as_proc(pid, "containerd-shim", layout)

@@ -17,13 +17,13 @@ from typing import Any
 import yaml
 
 from sandbox.profile.spec import Cluster
-from sandbox.runtimes import kindtopology
+from sandbox.runtimes.kind import topology as kindtopology
 
 NODE_LABEL = "hwsandbox.dev/node"
 
 
 def _template(name: str) -> str:
-    repo = Path(__file__).resolve().parents[2] / "kind-config" / name
+    repo = Path(__file__).resolve().parents[3] / "kind-config" / name
     if repo.is_file():
         return repo.read_text()
     return resources.files("sandbox.data.kindconfig").joinpath(name).read_text()
@@ -49,7 +49,7 @@ class HostFacts:
     ``failCgroupV1: false``. ``restrict_oom``: the host cannot grant CAP_SYS_RESOURCE, so
     containerd in the node must not lower oom_score_adj (what kind does when rootless).
     ``minimal``: the node image is the minimal shape (no CNI daemon, no CoreDNS; see
-    sandbox/runtimes/kindimage.py), so kind must not install its default CNI.
+    sandbox/images/node.py), so kind must not install its default CNI.
     """
 
     cgroup_v1: bool = False
@@ -79,7 +79,7 @@ def kind_config(cluster: Cluster, name: str, host_state_dir: Path,
     for node in nodes:
         if image:
             node["image"] = image
-        # the cpuset-mapping runc wrapper (kindtopology.py), on every node
+        # the cpuset-mapping runc wrapper (topology.py), on every node
         node.setdefault("extraMounts", []).append(kindtopology.bin_mount(host_state_dir))
     # kind orders control planes first when naming; keep the document in that order too.
     config["nodes"] = sorted(nodes, key=lambda n: 0 if n["role"] == "control-plane" else 1)

@@ -29,7 +29,7 @@ from sandbox.profile.spec import NodeSpec
 from sandbox.runtimes import cpumap, kubeletns
 from sandbox.runtimes.kubeletcfg import topology_config
 
-STATE_IN_NODE = "/var/lib/hw-sandbox"  # kindapi.STATE_IN_NODE
+STATE_IN_NODE = "/var/lib/hw-sandbox"  # api.STATE_IN_NODE
 BIN_IN_NODE = "/opt/hw-sandbox/bin"  # <state>/bin on the host, read-only in every node
 WRAPPER = "runc-cpumap"
 # runc in kind's node images (stock kindest/node and ours, scripts/build-kind-node-image)
@@ -71,7 +71,7 @@ def write_node_files(node_dir: Path, node: NodeSpec) -> None:
     config = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
               **topology_config(node, KIND_EVICTION_MEMORY_MIB)}
     (conf_dir / "50-hwsandbox.conf").write_text(
-        "# written by hw-sandbox (sandbox/runtimes/kindtopology.py): the profile's kubelet\n"
+        "# written by hw-sandbox (sandbox/runtimes/kind/topology.py): the profile's kubelet\n"
         + yaml.safe_dump(config, sort_keys=False))
     (node_dir / DROP_IN).write_text(systemd_drop_in())
 
@@ -82,7 +82,7 @@ def systemd_drop_in() -> str:
     the script exec it (kind's unit has ``KillMode=process``)."""
     prefix = " ".join(kubeletns.argv_prefix_file(f"{STATE_IN_NODE}/bin/kubelet-fakehw",
                                                  f"{STATE_IN_NODE}/root"))
-    return ("# written by hw-sandbox (sandbox/runtimes/kindtopology.py)\n"
+    return ("# written by hw-sandbox (sandbox/runtimes/kind/topology.py)\n"
             "[Service]\n"
             "ExecStart=\n"
             f"ExecStart={prefix} /usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS "

@@ -1,5 +1,5 @@
 """What the kind runtime creates in, and reads from, a kind cluster (the official client),
-and the kind/docker CLI it runs (``run_cli``, ``EarlyLoad``).
+and the sandbox image's early load into the nodes (``EarlyLoad``).
 
 ``agent_manifests``: the namespace, the profile ConfigMap and one privileged agent
 DaemonSet per node replica (``sandbox mount`` of that replica at ``ROOT_IN_NODE``). The
@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+from sandbox.commands import run
 from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
+from sandbox.images import agent as agentimage
+from sandbox.images.agent import IMAGE, PRELOADED_LABEL
 from sandbox.profile.spec import Cluster
-from sandbox.runtimes import agentimage
-from sandbox.runtimes.agentimage import IMAGE, PRELOADED_LABEL
-from sandbox.runtimes.base import Progress
-from sandbox.runtimes.kindconfig import NODE_LABEL
+from sandbox.progress import Progress
+from sandbox.runtimes.kind.config import NODE_LABEL
+
+KIND_TIMEOUT = 900.0  # seconds: `kind create cluster`, `kind load` of a large image
 
 AGENT_NAMESPACE = "hw-sandbox"
 STATE_IN_NODE = "/var/lib/hw-sandbox"  # <state>/nodes/<replica> on the host
@@ -152,25 +154,6 @@ def install_nvml(state_dir: Path) -> list[Path]:
     return placed
 
 
-def run_cli(argv: list[str], step: str, *, input_text: str | None = None,
-         env: dict[str, str] | None = None, timeout: float = 900) -> str:
-    try:
-        result = subprocess.run(argv, input=input_text, capture_output=True, text=True,
-                                check=False, env=env, timeout=timeout)
-    except FileNotFoundError as exc:
-        raise RuntimeBackendError(step, f"{argv[0]} not found") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeBackendError(step, f"{' '.join(argv[:3])} did not finish in "
-                                  f"{timeout:.0f}s") from exc
-    if result.returncode != 0:
-        err = CommandError(argv, result.returncode, result.stdout + result.stderr)
-        lines = [line.strip() for line in err.output.splitlines() if line.strip()]
-        said = " | ".join(lines[-2:]) or "no output"
-        raise RuntimeBackendError(step, f"`{' '.join(argv[:3])}` exited {result.returncode}: "
-                                  f"{said}") from err
-    return result.stdout
-
-
 def docker_client() -> Any:
     import docker
 
@@ -209,11 +192,13 @@ class EarlyLoad(threading.Thread):
     def _load(self) -> None:
         assert self.agent is not None
         if self.agent.archive is not None:
-            run_cli(["kind", "load", "image-archive", str(self.agent.archive), "--name",
-                  self.cluster], "image")
+            argv = ["kind", "load", "image-archive", str(self.agent.archive)]
         else:
-            run_cli(["kind", "load", "docker-image", self.agent.ref, "--name", self.cluster],
-                 "image")
+            argv = ["kind", "load", "docker-image", self.agent.ref]
+        try:
+            run([*argv, "--name", self.cluster], timeout=KIND_TIMEOUT)
+        except CommandError as exc:
+            raise RuntimeBackendError("image", str(exc)) from exc
 
     def run(self) -> None:
         try:

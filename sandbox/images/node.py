@@ -21,50 +21,41 @@ kube-proxy runs (our binary on the agent's Debian rootfs, for iptables), so Serv
 work within a node and pods reach the API server; there is no cluster DNS, and pods on
 different nodes do not reach each other.
 
-The rootfs tarballs and the image-file helpers are ``imagefiles.py`` (standard library
-only: ``python3 sandbox/runtimes/imagefiles.py rootfs`` runs before anything is
-installed); ``python -m sandbox.runtimes.kindimage node`` builds the images.
+The rootfs tarballs are ``rootfs.py`` (standard library only: ``python3 -m
+sandbox.images.rootfs`` runs before anything is installed); ``python -m
+sandbox.images.node node`` builds the images (``agent-base``: the agent's base image,
+``agent.build_agent_base``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
-from sandbox.runtimes import imagefiles
-from sandbox.runtimes.imagefiles import (
-    AGENT_PACKAGES,
-    NODE_PACKAGES,
-    SUITE,
-    BuildError,
-    Progress,
-    build_rootfs,
-    cache_root,
-    docker_load,
-    files_layer,
-    image_label,
-    run_tool,
-    say,
-)
+from sandbox.cache import cache_root
+from sandbox.commands import run
+from sandbox.errors import ImageBuildError, SandboxError
+from sandbox.images import agent, dockerload, oci, rootfs, tarfiles
+from sandbox.images.agent import KEY_LABEL, build_agent_base
+from sandbox.images.dockerload import docker_load, image_label
+from sandbox.images.oci import PATH, write_archive
+from sandbox.images.pause import pause_image
+from sandbox.images.rootfs import AGENT_PACKAGES, NODE_PACKAGES, build_rootfs, say
+from sandbox.images.tarfiles import layer_tar
+from sandbox.progress import Progress
 
 KIND_VERSION = "v0.32.0"
 K8S_VERSION = "1.37.2"
 
 NODE_IMAGE = f"hw-sandbox/kind-node:v{K8S_VERSION}"
-AGENT_BASE_IMAGE = f"hw-sandbox/agent-base:{SUITE}"
 SHAPE_LABEL = "dev.hwsandbox.kind.shape"
-KEY_LABEL = "dev.hwsandbox.build-key"
-AGENT_BASE_LABEL = "dev.hwsandbox.agent-base"  # "ready": Debian's Python 3.11 and FUSE
 
 # Static pod networking for the minimal shape (a CNI config named "kindnet" as kind's
 # own, so containerd and kind's tooling treat it as the cluster network). Each node
@@ -98,36 +89,23 @@ def kind_module_dir() -> Path:
     """sigs.k8s.io/kind at KIND_VERSION in the Go module cache (downloaded if missing)."""
     go = shutil.which("go")
     if go is None:
-        raise BuildError("kind base files: the Go toolchain is needed to fetch "
-                         f"sigs.k8s.io/kind@{KIND_VERSION} (https://go.dev/doc/install)")
-    out = run_tool([go, "mod", "download", "-json", f"sigs.k8s.io/kind@{KIND_VERSION}"],
-                   "kind base files")
+        raise ImageBuildError("kind base files: the Go toolchain is needed to fetch "
+                              f"sigs.k8s.io/kind@{KIND_VERSION} (https://go.dev/doc/install)")
+    out = run([go, "mod", "download", "-json", f"sigs.k8s.io/kind@{KIND_VERSION}"],
+              step="kind base files", timeout=None).stdout
     directory = Path(json.loads(out)["Dir"])
     if not (directory / "images" / "base" / "files").is_dir():
-        raise BuildError(f"kind base files: {directory}/images/base/files is missing")
+        raise ImageBuildError(f"kind base files: {directory}/images/base/files is missing")
     return directory
 
 
 def _basefiles_layer(kind_dir: Path) -> bytes:
     """kind's images/base/files as a layer, with the modes kind's Dockerfile gives them."""
     files = kind_dir / "images" / "base" / "files"
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(files.rglob("*")):
-            rel = path.relative_to(files).as_posix()
-            info = tarfile.TarInfo(rel)
-            info.mtime = 0
-            if path.is_dir():
-                info.type = tarfile.DIRTYPE
-                info.mode = 0o755
-                tar.addfile(info)
-                continue
-            data = path.read_bytes()
-            info.size = len(data)
-            script = rel.startswith(("usr/local/bin/", "kind/bin/"))
-            info.mode = 0o755 if script else 0o644
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
+    found = {p.relative_to(files).as_posix(): p for p in files.rglob("*")}
+    return layer_tar({rel: p for rel, p in found.items() if not p.is_dir()},
+                     {rel for rel in found if rel.startswith(("usr/local/bin/", "kind/bin/"))},
+                     dirs=[rel for rel, p in found.items() if p.is_dir()])
 
 
 # --- control-plane images ---------------------------------------------------------------------
@@ -138,10 +116,9 @@ def _k8s_bin_dir() -> Path:
 
 def component_images(bin_dir: Path, work: Path, progress: Progress) -> list[Path]:
     """OCI archives of every image kubeadm needs that the minimal shape runs."""
-    from sandbox.runtimes._images import Layer, pause_image, write_image
-
-    listed = run_tool([str(bin_dir / "kubeadm"), "config", "images", "list",
-                       "--kubernetes-version", f"v{K8S_VERSION}"], "images").split()
+    listed = run([str(bin_dir / "kubeadm"), "config", "images", "list",
+                  "--kubernetes-version", f"v{K8S_VERSION}"], step="images",
+                 timeout=None).stdout.split()
     archives: list[Path] = []
     passwd = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534::/:/bin/false\n"
     for ref in listed:
@@ -153,24 +130,21 @@ def component_images(bin_dir: Path, work: Path, progress: Progress) -> list[Path
             continue  # minimal shape: no cluster DNS (see module doc)
         binary = bin_dir / repo
         if not binary.is_file():
-            raise BuildError(f"images: {binary} is missing (run scripts/build-k8s)")
+            raise ImageBuildError(f"images: {binary} is missing (run scripts/build-k8s)")
         dest = work / f"{repo}.oci.tar"
         if repo == "kube-proxy":
             # needs iptables and conntrack: the agent's Debian rootfs (a layer the node
             # image preloads anyway) plus the binary
-            from sandbox.runtimes.agentimage import write_archive
-
             entry = "/usr/local/bin/kube-proxy"
             write_archive(dest, ref, [build_rootfs("agent", AGENT_PACKAGES, progress),
-                                      files_layer({entry: binary}, {entry})],
-                          {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin"
-                                   ":/sbin:/bin"], "Entrypoint": [entry]})
+                                      layer_tar({entry: binary}, {entry})],
+                          {"Env": [PATH], "Entrypoint": [entry]})
             archives.append(dest)
             progress(f"image {ref} ({binary.stat().st_size >> 20} MiB + the agent rootfs)")
             continue
-        layer = Layer(files={f"/usr/local/bin/{repo}": binary, "/etc/passwd": passwd},
-                      executables={f"/usr/local/bin/{repo}"}, dirs={"/tmp", "/var/lib"})
-        write_image(dest, ref, layer, entrypoint=[f"/usr/local/bin/{repo}"])
+        layer = layer_tar({f"/usr/local/bin/{repo}": binary, "/etc/passwd": passwd},
+                          {f"/usr/local/bin/{repo}"}, dirs={"/tmp", "/var/lib"})
+        write_archive(dest, ref, [layer], {"Env": [PATH], "Entrypoint": [f"/usr/local/bin/{repo}"]})
         archives.append(dest)
         progress(f"image {ref} ({binary.stat().st_size >> 20} MiB)")
     # containerd's sandbox image (kind's containerd config pins its own pause tag)
@@ -213,25 +187,19 @@ def build_node_image(progress: Progress = say, *, force: bool = False) -> str:
               "kube-scheduler", "etcd"]
     missing = [b for b in needed if not (bin_dir / b).is_file()]
     if missing:
-        raise BuildError(f"node image: {', '.join(missing)} missing in {bin_dir} "
-                         "(run scripts/build-k8s)")
-    rootfs = build_rootfs("node", NODE_PACKAGES, progress)
+        raise ImageBuildError(f"node image: {', '.join(missing)} missing in {bin_dir} "
+                              "(run scripts/build-k8s)")
+    node_rootfs = build_rootfs("node", NODE_PACKAGES, progress)
     # the sandbox image's Debian and dependency layers, preloaded so that `sandbox up`
-    # ships only our packages (sandbox/runtimes/agentimage.py)
-    from sandbox.runtimes.agentimage import (
-        ENV,
-        PRELOADED_LABEL,
-        deps_layer,
-        layer_digests,
-        write_archive,
-    )
-
+    # ships only our packages (agent.py)
     agent_layers: list[Path | bytes] = [build_rootfs("agent", AGENT_PACKAGES, progress),
-                                        deps_layer(progress)]
-    preloaded = layer_digests(agent_layers)
-    here = Path(__file__).read_bytes() + Path(imagefiles.__file__).read_bytes()
+                                        agent.deps_layer(progress)]
+    preloaded = oci.layer_digests(agent_layers)
+    # the key covers the code that writes the image
+    here = b"".join(Path(m.__file__ or "").read_bytes()
+                    for m in (sys.modules[__name__], rootfs, tarfiles, oci, dockerload))
     key = hashlib.sha256(b"\0".join([
-        rootfs.name.encode(), KIND_VERSION.encode(), K8S_VERSION.encode(), here,
+        node_rootfs.name.encode(), KIND_VERSION.encode(), K8S_VERSION.encode(), here,
         *(d.encode() for d in preloaded),
         *(str((bin_dir / b).stat().st_size).encode() for b in needed)])).hexdigest()[:16]
     if not force and image_label(NODE_IMAGE, KEY_LABEL) == key:
@@ -243,26 +211,26 @@ def build_node_image(progress: Progress = say, *, force: bool = False) -> str:
     with tempfile.TemporaryDirectory(prefix="hwsb-node-image-") as tmp:
         work = Path(tmp)
         archives = component_images(bin_dir, work, progress)
-        agent = work / "agent-layers.oci.tar"
-        write_archive(agent, f"docker.io/hw-sandbox/agent-layers:{key}", agent_layers,
-                      {"Env": ENV})
-        archives.append(agent)
+        layers = work / "agent-layers.oci.tar"
+        write_archive(layers, f"docker.io/hw-sandbox/agent-layers:{key}", agent_layers,
+                      {"Env": agent.ENV})
+        archives.append(layers)
         files: dict[str, bytes | Path] = {f"/usr/bin/{b}": bin_dir / b
                                           for b in ("kubeadm", "kubelet", "kubectl")}
         files["/kind/version"] = f"v{K8S_VERSION}".encode()
         files["/kind/manifests/default-storage.yaml"] = STORAGE_MANIFEST.encode()
         files["/etc/cni/net.d/10-kindnet.conflist"] = json.dumps(CNI_CONFLIST, indent=2).encode()
         files["/kind/hwsb-setup.sh"] = SETUP_SCRIPT.encode()
-        progress(f"node image: loading the rootfs ({rootfs.stat().st_size >> 20} MiB) "
+        progress(f"node image: loading the rootfs ({node_rootfs.stat().st_size >> 20} MiB) "
                  "and kind's base files into Docker")
-        labels = {SHAPE_LABEL: "minimal", KEY_LABEL: key, PRELOADED_LABEL: ",".join(preloaded),
+        labels = {SHAPE_LABEL: "minimal", KEY_LABEL: key,
+                  agent.PRELOADED_LABEL: ",".join(preloaded),
                   "dev.hwsandbox.kind.version": KIND_VERSION,
                   "dev.hwsandbox.kubernetes.version": f"v{K8S_VERSION}"}
-        docker_load(base, [rootfs, _basefiles_layer(kind_dir),
-                           files_layer(files, {"/usr/bin/kubeadm", "/usr/bin/kubelet",
-                                                "/usr/bin/kubectl", "/kind/hwsb-setup.sh"})],
-                    {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                             "container=docker"],
+        docker_load(base, [node_rootfs, _basefiles_layer(kind_dir),
+                           layer_tar(files, {"/usr/bin/kubeadm", "/usr/bin/kubelet",
+                                             "/usr/bin/kubectl", "/kind/hwsb-setup.sh"})],
+                    {"Env": [PATH, "container=docker"],
                      "Entrypoint": ["/usr/local/bin/entrypoint", "/sbin/init"],
                      "StopSignal": "SIGRTMIN+3", "Labels": labels})
         # containerd must run to import images: a build container, then commit (as kind does)
@@ -270,69 +238,66 @@ def build_node_image(progress: Progress = say, *, force: bool = False) -> str:
         name = f"hwsb-node-build-{os.getpid()}"
         old = ""
         try:
-            run_tool(["docker", "run", "-d", "--name", name, "--privileged", "--entrypoint",
-                      "sleep", base, "infinity"], "node image build container")
-            run_tool(["docker", "exec", name, "bash", "/kind/hwsb-setup.sh"], "node image setup")
-            # piped in, as kind's importer does: archives never land in an image layer
-            for archive in archives:
-                with archive.open("rb") as f:
-                    run_tool(["docker", "exec", "-i", name, "ctr", "--namespace=k8s.io",
-                              "images", "import", "--label=io.cri-containerd.pinned=pinned",
-                              "--all-platforms", "--no-unpack", "--digests", "-"],
-                             f"node image: import {archive.name}", stdin=f)
-            images = run_tool(["docker", "exec", name, "ctr", "--namespace=k8s.io", "images",
-                               "list", "-q"], "node image setup")
-            # (no init reaps containerd in the build container: wait until gone or a zombie)
-            run_tool(["docker", "exec", name, "bash", "-c", "pkill -x containerd; "
-                      "while ps -o stat= -C containerd | grep -qv Z; do sleep 0.1; done; "
-                      "rm -rf /tmp/containerd.log "
-                      "/var/lib/containerd/io.containerd.runtime.v2.task"], "node image setup")
-            run_tool(["docker", "exec", name, "rm", "-f", "/kind/hwsb-setup.sh"],
-                     "node image setup")
-            old = subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", NODE_IMAGE],
-                                 capture_output=True, text=True, check=False).stdout.strip()
+            _preload(name, base, archives)
+            images = run(["docker", "exec", name, "ctr", "--namespace=k8s.io", "images",
+                          "list", "-q"], step="node image setup", timeout=None).stdout
+            _finish(name)
+            old = dockerload.image_id(NODE_IMAGE)
             entrypoint = 'ENTRYPOINT [ "/usr/local/bin/entrypoint", "/sbin/init" ]'
-            run_tool(["docker", "commit", "--change", entrypoint, "--change", "CMD []",
-                      name, NODE_IMAGE], "node image commit")
+            run(["docker", "commit", "--change", entrypoint, "--change", "CMD []",
+                 name, NODE_IMAGE], step="node image commit", timeout=None)
         finally:
-            subprocess.run(["docker", "rm", "-f", "-v", name], capture_output=True, check=False)
-            subprocess.run(["docker", "rmi", base], capture_output=True, check=False)
+            dockerload.remove("rm", "-f", "-v", name)
+            dockerload.remove("rmi", base)
         if old:  # the image this one replaces (nothing else uses it)
-            subprocess.run(["docker", "rmi", old], capture_output=True, check=False)
+            dockerload.remove("rmi", old)
     named = [i for i in images.split() if ":" in i and not i.startswith(("sha256:", "import-"))]
     progress(f"node image {NODE_IMAGE} built in {time.monotonic() - started:.0f}s "
              f"(preloaded: {', '.join(named)})")
     return NODE_IMAGE
 
 
-def build_agent_base(progress: Progress = say) -> str:
-    """The sandbox agent's base ``AGENT_BASE_IMAGE``: Debian, Python 3.11 and FUSE."""
-    rootfs = build_rootfs("agent", AGENT_PACKAGES, progress)
-    key = f"{rootfs.name}+ready"
-    if image_label(AGENT_BASE_IMAGE, KEY_LABEL) == key:
-        return AGENT_BASE_IMAGE
-    progress(f"agent base image: loading {rootfs.name} into Docker")
-    docker_load(AGENT_BASE_IMAGE, [rootfs],
-                {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                 "Cmd": ["python3"], "Labels": {KEY_LABEL: key, AGENT_BASE_LABEL: "ready"}})
-    return AGENT_BASE_IMAGE
+def _preload(name: str, base: str, archives: list[Path]) -> None:
+    """A build container of ``base`` with containerd running, ``archives`` imported."""
+    run(["docker", "run", "-d", "--name", name, "--privileged", "--entrypoint", "sleep",
+         base, "infinity"], step="node image build container", timeout=None)
+    run(["docker", "exec", name, "bash", "/kind/hwsb-setup.sh"], step="node image setup",
+        timeout=None)
+    # piped in, as kind's importer does: archives never land in an image layer
+    for archive in archives:
+        with archive.open("rb") as f:
+            run(["docker", "exec", "-i", name, "ctr", "--namespace=k8s.io", "images",
+                 "import", "--label=io.cri-containerd.pinned=pinned", "--all-platforms",
+                 "--no-unpack", "--digests", "-"], step=f"node image: import {archive.name}",
+                stdin=f, timeout=None)
+
+
+def _finish(name: str) -> None:
+    """containerd stopped in the build container and what it leaves removed."""
+    # (no init reaps containerd in the build container: wait until gone or a zombie)
+    run(["docker", "exec", name, "bash", "-c", "pkill -x containerd; "
+         "while ps -o stat= -C containerd | grep -qv Z; do sleep 0.1; done; "
+         "rm -rf /tmp/containerd.log /var/lib/containerd/io.containerd.runtime.v2.task"],
+        step="node image setup", timeout=None)
+    run(["docker", "exec", name, "rm", "-f", "/kind/hwsb-setup.sh"], step="node image setup",
+        timeout=None)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="kindimage", description="Build kind node and agent base images from local "
-        "files only (see the module docstring). Cached; re-running is a no-op.")
+        prog="python -m sandbox.images.node", description="Build kind node and agent base "
+        "images from local files only (see the module docstring). Cached; re-running is a no-op.")
     parser.add_argument("what", choices=("rootfs", "node", "agent-base", "all"))
     parser.add_argument("--force", action="store_true", help="rebuild the node image")
     args = parser.parse_args(argv)
     try:
         if args.what == "rootfs":
-            return imagefiles.main(["rootfs"])
+            return rootfs.main([])
         if args.what in ("node", "all"):
             print(build_node_image(force=args.force))
         if args.what in ("agent-base", "all"):
             print(build_agent_base())
-    except BuildError as exc:
+    except SandboxError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

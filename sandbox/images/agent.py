@@ -3,14 +3,14 @@
 Every pod the kind runtime deploys runs it (the agent serving each node's FUSE tree, our
 device plugin and DRA driver). Two ways to make it:
 
-- **offline** (when the agent rootfs tarball of ``kindimage`` is in the cache): an OCI
+- **offline** (when the agent rootfs tarball of ``rootfs`` is in the cache): an OCI
   archive of three uncompressed layers written here, no Docker build and no registry:
 
       1. the Debian rootfs (python3, libfuse3, fuse3) by mmdebstrap
       2. the dependencies (``pip install --target``, cached by requirement set)
       3. our two packages
 
-  loaded with ``kind load image-archive``. Node images from ``kindimage`` preload layers 1
+  loaded with ``kind load image-archive``. Node images from ``node`` preload layers 1
   and 2 (they list them in ``PRELOADED_LABEL``); the archive then carries only what the
   node lacks (containerd imports a manifest whose other blobs it already has), so a
   ``sandbox up`` ships a few MiB instead of ~300.
@@ -18,43 +18,43 @@ device plugin and DRA driver). Two ways to make it:
   ``python:3.11-slim-bookworm`` (FUSE from apt) or the given base, loaded with ``kind load
   docker-image``.
 
-The image's compiled dependencies come from this Python, so it must be 3.11 (Debian
-bookworm's and the slim image's). Everything lands in /opt/hw-sandbox/site (PYTHONPATH).
+``build_agent_base`` makes the offline base for the registry way (``AGENT_BASE_IMAGE``:
+the agent rootfs loaded into Docker). The image's compiled dependencies come from this
+Python, so it must be 3.11 (Debian bookworm's and the slim image's). Everything lands in
+/opt/hw-sandbox/site (PYTHONPATH).
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
-from sandbox.errors import RuntimeBackendError
-from sandbox.runtimes.imagefiles import cache_root, files_layer, tar_add
-
-Progress = Callable[[str], None]
+from sandbox.cache import cache_root
+from sandbox.commands import run
+from sandbox.errors import CommandError, RuntimeBackendError
+from sandbox.images.dockerload import docker_load, image_label
+from sandbox.images.oci import PATH, layer_digests, write_archive
+from sandbox.images.rootfs import AGENT_PACKAGES, SUITE, build_rootfs, cached_rootfs, say
+from sandbox.images.tarfiles import layer_tar
+from sandbox.progress import Progress
 
 IMAGE = "hw-sandbox:latest"  # what the manifests name
 IMAGE_REF = "docker.io/library/hw-sandbox:latest"  # how containerd's CRI names it
 SITE = "opt/hw-sandbox/site"
 PRELOADED_LABEL = "dev.hwsandbox.preloaded-layers"  # on node images: blobs they carry
 REGISTRY_BASE = "python:3.11-slim-bookworm"
-ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-       f"PYTHONPATH=/{SITE}", "PYTHONDONTWRITEBYTECODE=1"]
-
-_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-_CONFIG = "application/vnd.oci.image.config.v1+json"
-_LAYER = "application/vnd.oci.image.layer.v1.tar"
+ENV = [PATH, f"PYTHONPATH=/{SITE}", "PYTHONDONTWRITEBYTECODE=1"]
+AGENT_BASE_IMAGE = f"hw-sandbox/agent-base:{SUITE}"
+AGENT_BASE_LABEL = "dev.hwsandbox.agent-base"  # "ready": Debian's Python 3.11 and FUSE
+KEY_LABEL = "dev.hwsandbox.build-key"  # on images built here: the key of their inputs
 
 
 # --- layers -----------------------------------------------------------------------------------
@@ -115,17 +115,18 @@ def deps_layer(progress: Progress) -> Path:
         target = Path(tmp) / "site"
         argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                 "--no-compile", "--target", str(target), *reqs]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+        try:
+            run(argv, timeout=None)
+        except CommandError as exc:
+            tail = " | ".join(exc.output.strip().splitlines()[-3:])
             raise RuntimeBackendError("image", f"pip install of the image's dependencies "
-                                      f"failed: {tail}")
+                                      f"failed: {tail}") from exc
         files = {f"{SITE}/{p.relative_to(target).as_posix()}": p
                  for p in sorted(target.rglob("*"))
                  if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts
                  and not _left_out(p.relative_to(target).as_posix())}
         partial = Path(tmp) / "layer.tar"
-        partial.write_bytes(files_layer(dict(files)))
+        partial.write_bytes(layer_tar(files))
         partial.replace(out)
     return out
 
@@ -142,69 +143,7 @@ def package_layer() -> bytes:
         for path in sorted(top.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
                 files[f"{SITE}/{top.name}/{path.relative_to(top).as_posix()}"] = path
-    return files_layer(dict(files))
-
-
-# --- OCI archives -----------------------------------------------------------------------------
-
-def _digest(layer: Path | bytes) -> str:
-    if isinstance(layer, bytes):
-        return "sha256:" + hashlib.sha256(layer).hexdigest()
-    h = hashlib.sha256()
-    with layer.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
-
-
-def layer_digests(layers: list[Path | bytes]) -> list[str]:
-    """Digests of uncompressed layers (cached beside files: a rootfs is hashed once)."""
-    out = []
-    for layer in layers:
-        if isinstance(layer, Path):
-            stamp = layer.with_name(layer.name + ".sha256")
-            if stamp.is_file() and stamp.stat().st_mtime >= layer.stat().st_mtime:
-                out.append(stamp.read_text().strip())
-                continue
-            digest = _digest(layer)
-            stamp.write_text(digest + "\n")
-            out.append(digest)
-        else:
-            out.append(_digest(layer))
-    return out
-
-
-def write_archive(dest: Path, ref: str, layers: list[Path | bytes], config: dict[str, Any],
-                  omit: frozenset[str] = frozenset()) -> None:
-    """An OCI image archive of ``layers`` for ``ctr images import`` (what ``kind load
-    image-archive`` runs), named ``ref``; blobs in ``omit`` are left out (the importer
-    already has them)."""
-    digests = layer_digests(layers)
-    sizes = [len(x) if isinstance(x, bytes) else x.stat().st_size for x in layers]
-    image_config = json.dumps({
-        "architecture": "amd64", "os": "linux", "created": "1970-01-01T00:00:00Z",
-        "config": config, "rootfs": {"type": "layers", "diff_ids": digests},
-    }, sort_keys=True).encode()
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": _MANIFEST,
-        "config": {"mediaType": _CONFIG, "digest": _digest(image_config),
-                   "size": len(image_config)},
-        "layers": [{"mediaType": _LAYER, "digest": d, "size": s}
-                   for d, s in zip(digests, sizes, strict=True)],
-    }, sort_keys=True).encode()
-    index = json.dumps({"schemaVersion": 2, "manifests": [{
-        "mediaType": _MANIFEST, "digest": _digest(manifest), "size": len(manifest),
-        "platform": {"architecture": "amd64", "os": "linux"},
-        "annotations": {"io.containerd.image.name": ref},
-    }]}, sort_keys=True).encode()
-    blobs: list[tuple[str, Path | bytes]] = [(_digest(image_config), image_config),
-                                             (_digest(manifest), manifest)]
-    blobs += [(d, x) for d, x in zip(digests, layers, strict=True) if d not in omit]
-    with tarfile.open(dest, "w") as tar:
-        tar_add(tar, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
-        tar_add(tar, "index.json", index)
-        for digest, data in blobs:
-            tar_add(tar, f"blobs/sha256/{digest.split(':', 1)[1]}", data)
+    return layer_tar(files)
 
 
 # --- the image --------------------------------------------------------------------------------
@@ -226,8 +165,6 @@ class AgentImage:
 
 def offline_layers(progress: Progress) -> list[Path | bytes] | None:
     """Layers 1 and 2 when the agent rootfs is cached (else None: use the registry way)."""
-    from sandbox.runtimes.imagefiles import AGENT_PACKAGES, cached_rootfs
-
     rootfs = cached_rootfs("agent", AGENT_PACKAGES)
     if rootfs is None:
         return None
@@ -264,8 +201,6 @@ def dockerfile(base: str, ready_base: bool) -> str:
 def _docker_build(progress: Progress) -> AgentImage:
     import docker
 
-    from sandbox.runtimes.kindimage import AGENT_BASE_LABEL
-
     client = docker.from_env(timeout=120)
     base = os.environ.get("SANDBOX_AGENT_BASE") or REGISTRY_BASE
     try:
@@ -297,3 +232,16 @@ def _docker_build(progress: Progress) -> AgentImage:
     image.tag(IMAGE)
     size = int(image.attrs.get("Size", 0))
     return AgentImage(None, IMAGE, size)
+
+
+def build_agent_base(progress: Progress = say) -> str:
+    """The sandbox agent's base ``AGENT_BASE_IMAGE``: Debian, Python 3.11 and FUSE."""
+    rootfs = build_rootfs("agent", AGENT_PACKAGES, progress)
+    key = f"{rootfs.name}+ready"
+    if image_label(AGENT_BASE_IMAGE, KEY_LABEL) == key:
+        return AGENT_BASE_IMAGE
+    progress(f"agent base image: loading {rootfs.name} into Docker")
+    docker_load(AGENT_BASE_IMAGE, [rootfs],
+                {"Env": [PATH], "Cmd": ["python3"],
+                 "Labels": {KEY_LABEL: key, AGENT_BASE_LABEL: "ready"}})
+    return AGENT_BASE_IMAGE

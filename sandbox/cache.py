@@ -1,0 +1,16 @@
+"""Where the project caches what it builds (rootfs tarballs, images, tools, our NVML):
+``$HWSANDBOX_CACHE``, else ``$XDG_CACHE_HOME/hw-sandbox`` (``~/.cache/hw-sandbox``).
+
+Standard library only (``python3 -m sandbox.images.rootfs`` runs before anything is
+installed)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    base = os.environ.get("HWSANDBOX_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hw-sandbox")
+    return Path(base)

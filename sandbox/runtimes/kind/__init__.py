@@ -1,0 +1,167 @@
+"""The ``kind`` runtime: one kind node per profile node replica, fake hardware inside each.
+
+Steps of ``up``, each named in errors:
+
+1. ``preflight``: Docker answers, kind is on PATH, the node image is here (or pullable),
+   no kind cluster of that name exists.
+2. ``config``: the kind config from ``kind-config/`` (``config.py``), with what this
+   Docker host needs (cgroup v1, a missing CAP_SYS_RESOURCE) and what the node image is
+   (the minimal shape of ``sandbox.images.node`` or a stock ``kindest/node``).
+3. ``cluster``: ``kind create cluster`` on a Docker network of its own.
+4. ``image``: the sandbox image (``sandbox.images.agent``: our packages on Debian's Python 3.11
+   and FUSE), ``kind load``-ed into the nodes; with a node image from ``sandbox.images.node``
+   only the layers the node lacks are shipped.
+5. ``agent``: a privileged DaemonSet per replica mounts the replica's FUSE tree at
+   /var/lib/hw-sandbox/root in its node and creates the device nodes in the node's /dev.
+   That directory is bind-mounted from ``<state>/nodes/<replica>`` with bidirectional
+   propagation, so the tree and its control socket are reachable from the host, where
+   ``sandbox fault`` talks to them.
+6. ``plugins``: our reference device plugin DaemonSet, until every node advertises.
+
+The node image is ``SANDBOX_KIND_IMAGE``, else the locally built
+``hw-sandbox/kind-node`` image, else kind's own default (pulled by kind).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from sandbox.errors import ControlError, RuntimeBackendError, SandboxError
+from sandbox.images.node import NODE_IMAGE
+from sandbox.profile.spec import Cluster
+from sandbox.progress import Progress
+from sandbox.runtimes.base import (
+    NodeStatus,
+    ResourceStatus,
+    SandboxStatus,
+    add_devices,
+    add_pod_resources,
+    is_ready,
+)
+from sandbox.runtimes.kind.api import api_client, docker_client, ours
+from sandbox.runtimes.kind.config import NODE_LABEL
+from sandbox.runtimes.kind.host import host_facts, no_kind
+from sandbox.runtimes.kind.up import POD_RESOURCES, KindUp, steps
+from sandbox.runtimes.record import SandboxRecord, read_record
+from sandbox.runtimes.steps import run_steps, take_down
+
+__all__ = ["KindRuntime", "host_facts"]
+
+
+class KindRuntime:
+    name = "kind"
+    # False (`sandbox up --no-device-plugin`): the agent serves the fake hardware, and no
+    # DaemonSet of our device plugin is made: a third-party plugin deployed next is the
+    # only one advertising it
+    reference_plugin = True
+    # more flags for the reference device plugin's DaemonSet (--pre-start-required)
+    plugin_options: tuple[str, ...] = ()
+    # False (`sandbox up --kubelet-topology host`): the kubelets keep the host's machine
+    # and kind's own settings (no restart on the emulated one)
+    emulate_topology = True
+
+    def node_image(self) -> tuple[str, bool]:
+        """(image, present locally): SANDBOX_KIND_IMAGE, else our built one if present,
+        else ("", False): kind's default, pulled by kind."""
+        explicit = os.environ.get("SANDBOX_KIND_IMAGE")
+        candidate = explicit or NODE_IMAGE
+        try:
+            docker_client().images.get(candidate)
+        except Exception:  # noqa: BLE001 - not present
+            return (explicit, False) if explicit else ("", False)
+        return candidate, True
+
+    def unavailable_reason(self) -> str | None:
+        if shutil.which("kind") is None:
+            return no_kind()
+        try:
+            docker_client().ping()
+        except Exception as exc:  # noqa: BLE001 - any failure means: no usable daemon
+            return f"no Docker daemon reachable ({type(exc).__name__}; is dockerd running?)"
+        image, present = self.node_image()
+        if image and not present:
+            return (f"SANDBOX_KIND_IMAGE={image} is not present locally "
+                    "(docker pull it, or build one with scripts/build-kind-node-image)")
+        return None
+
+    def up(self, cluster: Cluster, profile_path: str, state_dir: Path,
+           progress: Progress) -> None:
+        up = KindUp(self, cluster, profile_path, state_dir, progress)
+        run_steps(steps(state_dir, progress, up), progress)
+
+    def down(self, state_dir: Path, progress: Progress) -> None:
+        take_down(state_dir, steps(state_dir, progress), progress)
+
+    def status(self, state_dir: Path) -> SandboxStatus:
+        record = read_record(state_dir) or SandboxRecord()
+        out = SandboxStatus(state_dir.name, self.name, record.profile or "?")
+        kubeconfig = record.kubeconfig
+        if not kubeconfig:
+            return out
+        try:
+            items = api_client(Path(kubeconfig)).list_node().items
+        except Exception as exc:  # noqa: BLE001 - the API server is gone or unreachable
+            raise RuntimeBackendError("status", f"the cluster's API server does not answer "
+                                      f"({type(exc).__name__}); is the kind cluster "
+                                      "running? `docker ps`") from exc
+        replicas = record.nodes
+        for item in sorted(items, key=lambda i: i.metadata.name):
+            labels = item.metadata.labels or {}
+            replica = labels.get(NODE_LABEL)
+            node = NodeStatus(replica or item.metadata.name, ready=is_ready(item))
+            cap, alloc = item.status.capacity or {}, item.status.allocatable or {}
+            for res, value in sorted(cap.items()):
+                if ours(res):
+                    node.resources.append(ResourceStatus(res, int(value),
+                                                         int(alloc.get(res, 0))))
+            info = replicas.get(replica) if replica else None
+            if info is not None:
+                add_devices(node, Path(info.socket))
+                add_pod_resources(node, self.pod_resources_socket(state_dir, node.name))
+            out.nodes.append(node)
+        return out
+
+    def restart_kubelet(self, state_dir: Path, node: str) -> None:
+        target = self.kind_node_for(state_dir, node)
+        try:
+            result = docker_client().containers.get(target).exec_run(
+                ["systemctl", "restart", "kubelet"])
+        except Exception as exc:  # noqa: BLE001 - docker raises many types
+            raise ControlError(f"restart-kubelet {node}: {exc}") from exc
+        if result.exit_code != 0:
+            raise ControlError(f"restart-kubelet {node}: systemctl exited {result.exit_code}: "
+                               f"{result.output.decode(errors='replace').strip()}")
+
+    def registered_plugins(self, state_dir: Path, node: str) -> frozenset[str]:
+        """As the native runtime's: the plugin sockets in the node's kubelet root."""
+        target = self.kind_node_for(state_dir, node)
+        script = ("cd /var/lib/kubelet && for f in device-plugins/* plugins_registry/*; do "
+                  "[ -S \"$f\" ] && [ \"$f\" != device-plugins/kubelet.sock ] && echo \"$f\"; "
+                  "done; true")
+        try:
+            result = docker_client().containers.get(target).exec_run(["sh", "-c", script])
+        except Exception as exc:  # noqa: BLE001 - docker raises many types
+            raise ControlError(f"{node}: cannot list the kubelet's plugin sockets: {exc}") from exc
+        return frozenset(result.output.decode(errors="replace").split())
+
+    def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
+        """The node's /var/lib/kubelet/pod-resources is bind-mounted from here
+        (kind-config/node.yaml); a unix socket works across a bind mount."""
+        return state_dir / "nodes" / node / POD_RESOURCES / "kubelet.sock"
+
+    def kind_node_for(self, state_dir: Path, node: str) -> str:
+        """The kind node (container) of profile node replica ``node``."""
+        record = read_record(state_dir) or SandboxRecord()
+        kubeconfig = record.kubeconfig
+        if not kubeconfig:
+            raise SandboxError(f"sandbox {state_dir.name!r} has no kubeconfig")
+        items = api_client(Path(kubeconfig)).list_node(label_selector=f"{NODE_LABEL}={node}").items
+        if not items:
+            raise SandboxError(f"no kind node carries {NODE_LABEL}={node}")
+        return str(items[0].metadata.name)
+
+
+
+
