@@ -108,6 +108,16 @@ class RuntimeBackendError(SandboxError):
         super().__init__(f"{step}: {message}")
 
 
+class OptionRefused(SandboxError):
+    """A runtime was made with an option it does not have; ``option`` is its keyword
+    (``reference_plugin``, ``plugin_options``, ``feature_gates``, ...)."""
+
+    def __init__(self, runtime: str, option: str) -> None:
+        self.runtime = runtime
+        self.option = option
+        super().__init__(f"the {runtime} runtime has no option {option}")
+
+
 class RecordError(SandboxError):
     """A sandbox record (``sandbox.json``) exists but cannot be read; names the file."""
 

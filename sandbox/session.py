@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox.errors import SandboxError
-from sandbox.runtimes.base import check_name, default_state_root
-from sandbox.runtimes.record import NodeRecord, SandboxRecord, read_record
+from sandbox.runtimes.base import default_state_root
+from sandbox.runtimes.record import NodeRecord, SandboxRecord, check_name, read_record
 
 
 @dataclass(frozen=True)

@@ -18,32 +18,22 @@ still making.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import errno
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hwplugins.dra.slices import TYPES as DRA_DEVICE_TYPES
 
 from sandbox.cli import on_sigint
-from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.errors import OptionRefused, SandboxError
 from sandbox.profile import PROFILE_HELP, STDIN_NAME, LoadedProfile, load_profile
 from sandbox.runtimes import RUNTIMES, choose_runtime, runtime_for
-from sandbox.runtimes.base import (
-    STDIN_COPY,
-    Runtime,
-    StateBusy,
-    StateLock,
-    check_name,
-    default_state_root,
-    state_dir_for,
-)
-from sandbox.runtimes.record import STATE_MARKER, read_record
-from sandbox.runtimes.steps import interrupts_held
+from sandbox.runtimes.base import STDIN_COPY, default_state_root, state_dir_for
+from sandbox.runtimes.bringup import bring_up
+from sandbox.runtimes.record import check_name
 from sandbox.session import list_sessions
 
 
@@ -109,6 +99,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 _NO_PLUGIN_LOCAL = ("--no-device-plugin needs the kind or native runtime (the local runtime "
                     "is our device plugin and a kubelet harness, nothing else would run)")
+# what a runtime refused (OptionRefused.option), in the flags' words
+_REFUSED = {
+    "reference_plugin": _NO_PLUGIN_LOCAL,
+    "plugin_options": "--pre-start-required needs the kind or native runtime",
+    "feature_gates": "runtime {runtime} takes no feature gates or DRA options",
+    "dra_options": "runtime {runtime} takes no feature gates or DRA options",
+    "dra_driver": "runtime {runtime} takes no feature gates or DRA options",
+}
 
 
 def parse_device_types(text: str) -> list[str]:
@@ -181,83 +179,48 @@ def run(args: argparse.Namespace) -> int:
                            "real kubelet: --runtime native or kind, without --no-device-plugin")
     loaded = load_profile(args.profile)
     name = args.name or loaded.cluster.name
-    if args.runtime == "auto":
-        runtime, why = choose_runtime()
-        print(f"runtime: {runtime.name}; {why}", file=sys.stderr)
-    else:
-        runtime = runtime_for(args.runtime)
-        reason = runtime.unavailable_reason()
-        if reason:
-            # the same words as a failed step: nothing was made yet, nothing to undo
-            raise SandboxError(f"sandbox up failed at step 'preflight': the {args.runtime} "
-                               f"runtime cannot run here: {reason}")
-        print(f"runtime: {runtime.name}", file=sys.stderr)
+    # the runtime's options, given when it is made (each runtime refuses what it lacks)
+    chosen: dict[str, Any] = {}
     if args.no_device_plugin:
-        from sandbox.runtimes.kind import KindRuntime
-        from sandbox.runtimes.native import NativeRuntime
-
-        if not isinstance(runtime, KindRuntime | NativeRuntime):  # auto chose local
-            raise SandboxError(_NO_PLUGIN_LOCAL)
-        runtime.reference_plugin = False
+        chosen["reference_plugin"] = False
     if args.kubelet_topology == "host":
-        from sandbox.runtimes.kind import KindRuntime
-        from sandbox.runtimes.native import NativeRuntime
-
-        if isinstance(runtime, KindRuntime | NativeRuntime):  # the local runtime has none
-            runtime.emulate_topology = False
+        chosen["emulate_topology"] = False
     if args.pre_start_required:
-        from sandbox.runtimes.kind import KindRuntime
-        from sandbox.runtimes.native import NativeRuntime
-
-        if not isinstance(runtime, KindRuntime | NativeRuntime):  # auto chose local
-            raise SandboxError("--pre-start-required needs the kind or native runtime")
-        runtime.plugin_options = ("--pre-start-required",)
+        chosen["plugin_options"] = ("--pre-start-required",)
     if gates or wants_dra:
-        from sandbox.runtimes.native import NativeRuntime
-
-        if not isinstance(runtime, NativeRuntime):  # --runtime native, checked above
-            raise SandboxError(f"runtime {runtime.name} takes no feature gates or DRA options")
-        runtime.feature_gates.update(gates)
-        runtime.dra_options = options
-        runtime.dra_driver = runtime.dra_driver or wants_dra
+        chosen.update(feature_gates=gates, dra_options=options)
+        if wants_dra:
+            chosen["dra_driver"] = True
+    try:
+        if args.runtime == "auto":
+            runtime, why = choose_runtime(**chosen)
+            print(f"runtime: {runtime.name}; {why}", file=sys.stderr)
+        else:
+            runtime = runtime_for(args.runtime, **chosen)
+            reason = runtime.unavailable_reason()
+            if reason:
+                # the same words as a failed step: nothing was made yet, nothing to undo
+                raise SandboxError(f"sandbox up failed at step 'preflight': the "
+                                   f"{args.runtime} runtime cannot run here: {reason}")
+            print(f"runtime: {runtime.name}", file=sys.stderr)
+    except OptionRefused as exc:  # auto chose local
+        raise SandboxError(_REFUSED.get(exc.option, "").format(runtime=exc.runtime)
+                           or str(exc)) from None
     state_dir = state_dir_for(name)
     # From here on something may be made: a SIGINT is a KeyboardInterrupt, and the
-    # clean-up below removes everything made so far (see the module's docstring).
+    # clean-up (bringup.bring_up) removes everything made so far (see the docstring).
     on_sigint(signal.default_int_handler)
     started = time.monotonic()
 
     def progress(message: str) -> None:
         print(f"  [{time.monotonic() - started:5.1f}s] {message}", file=sys.stderr, flush=True)
 
-    lock: StateLock | None = None
-    try:
-        with interrupts_held():  # the state dir made and locked, or neither
-            lock = StateLock.acquire(state_dir, create=True, wait=2.0)
-        if read_record(state_dir) is not None:
-            raise _Exists(f"a sandbox named {name!r} already exists ({state_dir}); "
-                          f"run `sandbox down --name {name}` first or pick --name")
-        runtime.up(loaded.cluster, _profile_file(loaded, state_dir), state_dir, progress)
-        if loaded.path == STDIN_NAME:  # the state dir is the runtime's until now
-            (state_dir / STDIN_COPY).write_text(loaded.text)
-        # Up: from this line on it stays up, whatever SIGINT comes (up only prints, exits).
-        on_sigint(signal.SIG_IGN)
-    except BaseException as exc:
-        # One SIGINT is enough: the clean-up (and the fusermount3 it runs, in our process
-        # group) is not interrupted by a second.
-        on_sigint(signal.SIG_IGN)
-        if isinstance(exc, StateBusy):
-            raise SandboxError(f"{exc}; wait until it has finished, or pick --name") from None
-        if isinstance(exc, _Exists):
-            raise
-        if lock is None:  # nothing was made
-            if isinstance(exc, OSError):
-                raise SandboxError(f"sandbox up failed: {state_dir}: "
-                                   f"{exc.strerror or exc}") from exc
-            raise
-        result = _failed(exc, runtime, state_dir, lock, args.retain, progress)
-        if result is exc:
-            raise
-        raise result from exc
+    # Up, or failed: from then on SIGINT is ignored (one is enough: neither the "is up"
+    # line nor the clean-up, and the fusermount3 it runs in our process group, is cut).
+    _lock = bring_up(runtime, loaded.cluster, _profile_file(loaded, state_dir), state_dir,
+                    progress, retain=args.retain,
+                    stdin_text=loaded.text if loaded.path == STDIN_NAME else None,
+                    settle=lambda: on_sigint(signal.SIG_IGN))
     elapsed = time.monotonic() - started
     # with another sandbox beside it, the bare verbs would ask which one
     which = f" --name {name}" if len(list_sessions(state_dir.parent)) > 1 else ""
@@ -267,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(c) for c, _ in hints) + 2
     print(f"sandbox {name!r} is up ({runtime.name} runtime, {elapsed:.1f}s). Next:\n"
           + "\n".join(f"  {c:<{width}}{what}" for c, what in hints), flush=True)
-    # `lock` is not released: the process's exit drops it, so a `down` that gets it
+    # `_lock` is not released: the process's exit drops it, so a `down` that gets it
     # knows this `up` is over.
     return 0
 
@@ -281,63 +244,3 @@ def _profile_file(loaded: LoadedProfile, state_dir: Path) -> str:
     return str(state_dir / STDIN_COPY)
 
 
-class _Exists(SandboxError):
-    """A sandbox of that name is there already: nothing to undo."""
-
-
-def _failed(exc: BaseException, runtime: Runtime, state_dir: Path, lock: StateLock,
-            retain: bool, progress: Callable[[str], None]) -> BaseException:
-    """Undo what the failed (or interrupted) ``up`` made, unless ``retain``; returns what
-    to raise: KeyboardInterrupt again, else a SandboxError naming the step, or the
-    original exception if it is a bug (anything but SandboxError and OSError)."""
-    interrupted = isinstance(exc, KeyboardInterrupt)
-    full = _full(exc, state_dir)  # before the clean-up frees space
-    hint = ""
-    if retain:
-        print(f"keeping {state_dir} (--retain); clean up with `sandbox down --name "
-              f"{state_dir.name}`", file=sys.stderr)
-    elif not (state_dir / STATE_MARKER).is_file():
-        # nothing of ours was created there: nothing to undo; the dir itself, if it was
-        # made for this `up` (empty, then), goes
-        if lock.created:
-            with contextlib.suppress(OSError):
-                state_dir.rmdir()
-    else:
-        hint = "; everything it made was removed (rerun with --retain to keep it)"
-        progress("interrupted; cleaning up" if interrupted else "failed; cleaning up")
-        try:
-            runtime.down(state_dir, lambda _m: None)
-        except (SandboxError, OSError) as cleanup:
-            print(f"warning: cleanup incomplete: {cleanup}", file=sys.stderr)
-    if interrupted:
-        return exc
-    if not isinstance(exc, SandboxError | OSError):
-        return exc  # a bug: its traceback is wanted
-    if full:
-        hint = f" (the state root {state_dir.parent} is full){hint}"
-    elif "(sun_path)" in str(exc):  # check_socket_path's words
-        hint = (f"{hint}. The fix: a shorter state root, e.g. HWSANDBOX_STATE_DIR=/tmp/hws "
-                f"(now {state_dir.parent}, {len(os.fsencode(state_dir.parent))} bytes)")
-    if isinstance(exc, RuntimeBackendError):
-        return SandboxError(f"sandbox up failed at step {exc.step!r}: {exc.message}{hint}")
-    if isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename else ""
-        return SandboxError(f"sandbox up failed: {where}{exc.strerror or exc}{hint}")
-    return SandboxError(f"sandbox up failed: {exc}{hint}")
-
-
-def _full(exc: BaseException, state_dir: Path) -> bool:
-    """Whether the state root ran out of space: a "No space left on device" in the chain
-    of causes, or (a server that could not write its log died saying nothing) no free
-    block left there now."""
-    chain: list[BaseException] = []
-    seen: BaseException | None = exc
-    while seen is not None and seen not in chain:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    try:
-        return os.statvfs(state_dir.parent).f_bavail == 0
-    except OSError:
-        return False

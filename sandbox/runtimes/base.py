@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import re
 import stat
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,26 +33,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from sandbox.errors import SandboxError
 from sandbox.profile.spec import Cluster, NodeSpec
 from sandbox.progress import Progress
-from sandbox.runtimes.record import STATE_MARKER
+from sandbox.runtimes.record import STATE_MARKER, check_name
 
 if TYPE_CHECKING:  # grpcio is loaded only where a kubelet is asked (add_pod_resources)
     from sandbox.podresources import Allocatable, Allocation
 
 STDIN_COPY = "profile.yaml"  # `sandbox up -`: the profile read from stdin, kept for status
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def default_state_root() -> Path:
     return Path(os.environ.get("HWSANDBOX_STATE_DIR", "/run/hw-sandbox"))
-
-
-def check_name(name: str) -> str:
-    """``name`` if it is a valid sandbox name (a DNS label), else SandboxError."""
-    if not _NAME.fullmatch(name):
-        raise SandboxError(
-            f"invalid sandbox name {name!r}: use a DNS label (lowercase letters, digits and "
-            "'-', starting and ending alphanumeric, at most 63 characters)")
-    return name
 
 
 def state_dir_for(name: str, root: Path | None = None) -> Path:

@@ -15,13 +15,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from sandbox import supervisor
 from sandbox.agent import initial_states, start_node, unmount, wait_node
-from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.errors import OptionRefused, RuntimeBackendError, SandboxError
 from sandbox.kubelet.status import read_status
 from sandbox.profile import spec
 from sandbox.profile.spec import Cluster, NodeSpec
@@ -48,6 +48,20 @@ def node_dir(state_dir: Path, node: str) -> Path:
 
 class LocalRuntime:
     name = "local"
+
+    def __init__(self, *, reference_plugin: bool = True, plugin_options: Sequence[str] = (),
+                 emulate_topology: bool = True, feature_gates: Mapping[str, bool] | None = None,
+                 dra_options: Sequence[str] = (), dra_driver: bool | None = None) -> None:
+        """The local runtime is our device plugin and the kubelet harness: no option to
+        leave the plugin out or change its flags, no Kubernetes to configure. It has no
+        kubelet topology either, so ``emulate_topology`` changes nothing."""
+        del emulate_topology
+        for option, refused in (("reference_plugin", not reference_plugin),
+                                ("plugin_options", plugin_options),
+                                ("feature_gates", feature_gates), ("dra_options", dra_options),
+                                ("dra_driver", dra_driver)):
+            if refused:
+                raise OptionRefused(self.name, option)
 
     def unavailable_reason(self) -> str | None:
         if not Path("/dev/fuse").exists():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -146,6 +147,18 @@ def _node_json(node: NodeRecord) -> dict[str, Any]:
     return out
 
 
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is a valid sandbox name (a DNS label), else SandboxError."""
+    if not _NAME.fullmatch(name):
+        raise SandboxError(
+            f"invalid sandbox name {name!r}: use a DNS label (lowercase letters, digits and "
+            "'-', starting and ending alphanumeric, at most 63 characters)")
+    return name
+
+
 def read_record(state_dir: Path) -> SandboxRecord | None:
     """The record in ``state_dir``; None when there is none; RecordError when there is
     one this version cannot read."""
@@ -166,8 +179,6 @@ def read_record(state_dir: Path) -> SandboxRecord | None:
 def write_record(state_dir: Path, record: SandboxRecord) -> None:
     """Save the record; the first write creates the state dir and marks it as ours."""
     if not (state_dir / STATE_MARKER).is_file():
-        from sandbox.runtimes.base import check_name
-
         check_name(state_dir.name)
         state_dir.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
         try:

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sandbox.errors import ControlError, RuntimeBackendError, SandboxError
+from sandbox.errors import ControlError, OptionRefused, RuntimeBackendError, SandboxError
 from sandbox.images.node import NODE_IMAGE
 from sandbox.profile.spec import Cluster
 from sandbox.progress import Progress
@@ -52,15 +53,24 @@ __all__ = ["KindRuntime", "host_facts"]
 
 class KindRuntime:
     name = "kind"
-    # False (`sandbox up --no-device-plugin`): the agent serves the fake hardware, and no
-    # DaemonSet of our device plugin is made: a third-party plugin deployed next is the
-    # only one advertising it
-    reference_plugin = True
-    # more flags for the reference device plugin's DaemonSet (--pre-start-required)
-    plugin_options: tuple[str, ...] = ()
-    # False (`sandbox up --kubelet-topology host`): the kubelets keep the host's machine
-    # and kind's own settings (no restart on the emulated one)
-    emulate_topology = True
+
+    def __init__(self, *, reference_plugin: bool = True, plugin_options: Sequence[str] = (),
+                 emulate_topology: bool = True, feature_gates: Mapping[str, bool] | None = None,
+                 dra_options: Sequence[str] = (), dra_driver: bool | None = None) -> None:
+        # False (`sandbox up --no-device-plugin`): the agent serves the fake hardware, and
+        # no DaemonSet of our device plugin is made: a third-party plugin deployed next is
+        # the only one advertising it
+        self.reference_plugin = reference_plugin
+        # more flags for the reference device plugin's DaemonSet (--pre-start-required)
+        self.plugin_options = tuple(plugin_options)
+        # False (`sandbox up --kubelet-topology host`): the kubelets keep the host's
+        # machine and kind's own settings (no restart on the emulated one)
+        self.emulate_topology = emulate_topology
+        # kind's own Kubernetes: no feature gates or DRA driver of ours (native has them)
+        for option, given in (("feature_gates", feature_gates), ("dra_options", dra_options),
+                              ("dra_driver", dra_driver)):
+            if given:
+                raise OptionRefused(self.name, option)
 
     def node_image(self) -> tuple[str, bool]:
         """(image, present locally): SANDBOX_KIND_IMAGE, else our built one if present,
