@@ -107,6 +107,11 @@ def check_device_plugin_chain(cluster: NativeCluster, pod: str) -> None:
                            since=start)
         print(f"{pod}: recovery -> Healthy in the pod: {took:.2f}s")
 
+        # the node status lags the recovery (the kubelet writes it every few seconds):
+        # every GPU allocatable again first, or the count below starts from a stale one
+        wait_until("every GPU allocatable again",
+                   lambda: _allocatable(cluster) == _capacity(cluster), 60,
+                   describe=lambda: str(cluster.core.read_node(node).status.allocatable))
         unplugged, gpus = ids[well_uuid], _allocatable(cluster)
         cluster.sandbox_cli("fault", "unplug", node, unplugged)
         wait_until(f"{unplugged} gone from the node's allocatable",
@@ -133,6 +138,11 @@ def check_device_plugin_chain(cluster: NativeCluster, pod: str) -> None:
 def _allocatable(cluster: NativeCluster) -> int:
     status = cluster.core.read_node(cluster.node.name).status
     return int((status.allocatable or {}).get(GPU, "0"))
+
+
+def _capacity(cluster: NativeCluster) -> int:
+    status = cluster.core.read_node(cluster.node.name).status
+    return int((status.capacity or {}).get(GPU, "0"))
 
 
 def _exists(cluster: NativeCluster, pod: str) -> bool:
