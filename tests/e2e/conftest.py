@@ -59,7 +59,7 @@ MIG_PROFILE = REPO / "profiles" / "mig-partitions.yaml"
 MIG_FEATURE_GATES = {"DRADeviceCompatibilityGroups": True}
 SRIOV_PROFILE = REPO / "profiles" / "sriov-rdma.yaml"
 OPTIONAL_FEATURE_GATES = {"DRAOptionalNodeOperations": True}  # alpha in 1.37
-if str(REPO) not in sys.path:  # tests.thirdparty (plugin builds) when run as `pytest tests/e2e`
+if str(REPO) not in sys.path:  # tests.support (plugin builds) when run as `pytest tests/e2e`
     sys.path.append(str(REPO))
 
 
@@ -273,7 +273,7 @@ NVIDIA_GPU = "nvidia.com/gpu"
 
 def nvidia_minors(cluster: NativeCluster) -> dict[str, int]:
     """GPU UUID -> device minor, from the node's /proc/driver/nvidia/gpus/*/information."""
-    from tests.nvidia import tree_gpu_minors
+    from tests.support.nvidia import tree_gpu_minors
 
     return tree_gpu_minors(cluster.state_dir / "node-root")
 

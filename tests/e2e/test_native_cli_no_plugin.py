@@ -18,7 +18,7 @@ from pathlib import Path
 from conftest import PROFILE, Sandboxes
 
 from sandbox.runtimes.native import bin_dir, kubelet_root
-from tests.thirdparty import short_dir
+from tests.support.thirdparty import short_dir
 
 NAME = "cli-no-plugin"
 
