@@ -21,7 +21,7 @@ import yaml
 
 from sandbox.capture import CaptureError, capture, write_capture
 from sandbox.profile import catalogue, load_profile_text
-from tests.capture.test_capture_fuzz import Watch
+from tests.support.hostile_roots import Watch
 
 pytestmark = [pytest.mark.root]
 

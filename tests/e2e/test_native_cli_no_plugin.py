@@ -15,7 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PROFILE, Sandboxes
+from cluster import PROFILE
+from conftest import Sandboxes
 
 from sandbox.runtimes.native import bin_dir, kubelet_root
 from tests.support.thirdparty import short_dir

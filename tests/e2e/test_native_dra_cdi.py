@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+from cluster import (
     DRIVER,
     GROUP,
     MIG_FEATURE_GATES,

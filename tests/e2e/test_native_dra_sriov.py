@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import (
+from cluster import (
     DEVICE_CLASSES,
     DRIVER,
     GROUP,

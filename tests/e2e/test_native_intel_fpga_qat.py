@@ -27,10 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import (
+from cluster import (
     REPO,
     NativeCluster,
-    Sandboxes,
     container_devices,
     events,
     log_tail,
@@ -40,6 +39,7 @@ from conftest import (
     wait_counts,
     wait_until,
 )
+from conftest import Sandboxes
 
 from tests.support.thirdparty import (
     Bind,

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import (
+from cluster import (
     WITHIN,
     NativeCluster,
     check_two_gpu_pod,

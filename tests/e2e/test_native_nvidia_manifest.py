@@ -20,12 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import (
-    NativeCluster,
-    check_two_gpu_pod,
-    resource_counts,
-    wait_until,
-)
+from cluster import NativeCluster, check_two_gpu_pod, resource_counts, wait_until
 
 from sandbox.runtimes.native import bin_dir, kubelet_root
 from sandbox.runtimes.native.hostpaths import HOST_STATE

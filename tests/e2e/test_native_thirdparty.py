@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import (
+from cluster import (
     NativeCluster,
     container_devices,
     events,

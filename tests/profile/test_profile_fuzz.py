@@ -42,8 +42,8 @@ from sandbox.errors import ProfileError
 from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.profile import load_profile_text
+from tests.support.fuzz_devices import catalogue_device
 from tests.support.fuzz_inputs import (
-    catalogue_device,
     masked_build_failure,
     mixed_case,
     seed_profiles,
