@@ -24,7 +24,7 @@ from sandbox.fakehw.devnodes import HARMLESS
 from tests.support.cli import REPO, _env, build_wheel, sandbox, state_roots
 from tests.support.fakehw_toy import require_fuse
 
-pytestmark = [pytest.mark.root, pytest.mark.fuse]
+pytestmark = [pytest.mark.root, pytest.mark.fuse, pytest.mark.network]
 
 NODE = "net-worker"  # profiles/sriov-rdma.yaml
 

@@ -21,7 +21,7 @@ from tests.support.cli import _env, build_wheel, sandbox, state_roots
 from tests.support.fakehw_toy import require_fuse
 from tests.support.paths import REPO
 
-pytestmark = [pytest.mark.root, pytest.mark.fuse]
+pytestmark = [pytest.mark.root, pytest.mark.fuse, pytest.mark.network]
 
 BUNDLED = sorted(p.stem for p in (REPO / "profiles").glob("*.yaml"))
 

@@ -21,6 +21,8 @@ from google.protobuf import descriptor_pb2
 
 from tests.support.paths import REPO
 
+pytestmark = [pytest.mark.network]
+
 API_DIR = REPO / "plugins" / "hwplugins" / "api"
 KUBELET_MODULE = "k8s.io/kubelet"
 KUBELET_VERSION = "v0.37.2"  # the kubelet we build; has dra/v1 and dra-health/v1 and v1alpha1
