@@ -169,24 +169,26 @@ def test_status_reads_the_spec_files_each_runtime_writes(tmp_path: Path) -> None
     whole cluster in state/spec.json, the native one's node there, kind's one file per
     replica in state/nodes/<replica>/spec.json (in the record's order)."""
     from sandbox.cli.status import spec_files
+    from sandbox.runtimes.record import NodeRecord, SandboxRecord
     from sandbox.session import Session
 
     cluster = load_profile(ROOT / "profiles" / "workshop-mixed.yaml").cluster
     local = tmp_path / "local"
     local.mkdir()
     (local / "spec.json").write_text(spec.dump(cluster))
-    got = spec.read_cluster(spec_files(Session("local", local, {})), "local")
+    got = spec.read_cluster(spec_files(Session("local", local, SandboxRecord())), "local")
     assert got.nodes == cluster.nodes
     native = tmp_path / "native"
     native.mkdir()
     (native / "spec.json").write_text(spec.dump(cluster.nodes[1]))
-    assert spec.read_cluster(spec_files(Session("n", native, {}))).nodes == cluster.nodes[1:2]
+    got = spec.read_cluster(spec_files(Session("n", native, SandboxRecord())))
+    assert got.nodes == cluster.nodes[1:2]
     kind = tmp_path / "kind"
     order = [n.name for n in reversed(cluster.nodes)]
     for node in cluster.nodes:
         (kind / "nodes" / node.name).mkdir(parents=True)
         (kind / "nodes" / node.name / "spec.json").write_text(spec.dump(node))
-    record = {"nodes": {name: {} for name in order}}
+    record = SandboxRecord(nodes={name: NodeRecord(root="", socket="") for name in order})
     got = spec.read_cluster(spec_files(Session("kind", kind, record)))
     assert [n.name for n in got.nodes] == order
     assert got.nodes == tuple(reversed(cluster.nodes))
