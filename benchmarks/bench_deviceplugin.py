@@ -24,7 +24,7 @@ from pathlib import Path
 import grpc
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "support"))
 
 from hwplugins.api import deviceplugin_v1beta1_pb2 as pb  # noqa: E402
 from hwplugins.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc  # noqa: E402

@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from sandbox.nvml import build  # noqa: E402
-from tests import nvml_ctypes as N  # noqa: E402
-from tests.thirdparty import (  # noqa: E402
+from tests.support import nvml_ctypes as N  # noqa: E402
+from tests.support.thirdparty import (  # noqa: E402
     KUBELET_PLUGIN_DIR,
     Bind,
     LiveNode,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import NativeCluster
+from cluster import NativeCluster
 
 from sandbox.manifests import PLUGINS
 from sandbox.profile import load_profile

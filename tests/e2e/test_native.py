@@ -10,9 +10,8 @@ import stat
 from pathlib import Path
 
 import grpc
-from conftest import (
+from cluster import (
     NativeCluster,
-    Sandboxes,
     allocatable_devices,
     container_devices,
     default_service_account,
@@ -26,6 +25,7 @@ from conftest import (
     wait_counts,
     wait_until,
 )
+from conftest import Sandboxes
 
 from sandbox.fakehw.devnodes import HARMLESS
 from sandbox.runtimes.native import kubelet_root, mounts_below

@@ -15,10 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import PROFILE, Sandboxes
+from cluster import PROFILE
+from conftest import Sandboxes
 
 from sandbox.runtimes.native import bin_dir, kubelet_root
-from tests.thirdparty import short_dir
+from tests.support.thirdparty import short_dir
 
 NAME = "cli-no-plugin"
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+from cluster import (
     DRIVER,
     GROUP,
     NS,
@@ -103,7 +103,7 @@ def _checkpoint(cluster: NativeCluster) -> dict[str, Any]:
 
 def _dynamic_resources(pod: str) -> list[Any]:
     """The kubelet's pod-resources List: DynamicResource entries of default/``pod``'s main."""
-    from conftest import pod_resources
+    from cluster import pod_resources
     from hwplugins.api import podresources_v1_pb2 as pr
 
     with pod_resources() as stub:

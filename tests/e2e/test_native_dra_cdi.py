@@ -19,7 +19,7 @@ What is checked, with the real scheduler, kubelet and containerd:
 2. deleting the pod unprepares both (CDI files and checkpoint entries gone, claims
    deallocated);
 3. the feature gate reached every component (each one's ``kubernetes_feature_enabled``
-   metric); ``sandbox up`` refusing bad gates and DRA options: tests/test_up_flags.py;
+   metric); ``sandbox up`` refusing bad gates and DRA options: tests/cli/test_up_flags.py;
 4. faults reach the cluster: ``sandbox fault health … unhealthy`` of the GPU under a running
    pod's partition claim puts a NoExecute taint on the GPU and its partitions, and the
    controller-manager's device-taint-eviction controller evicts the pod; ``sandbox fault
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import (
+from cluster import (
     DRIVER,
     GROUP,
     MIG_FEATURE_GATES,

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import REPO, NativeCluster, default_service_account, events, phase, wait_until
+from cluster import REPO, NativeCluster, default_service_account, events, phase, wait_until
 
 from sandbox.images.oci import PATH, write_archive
 from sandbox.images.tarfiles import layer_tar

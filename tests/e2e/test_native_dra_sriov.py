@@ -7,7 +7,7 @@ driver with ``--skip-node-operations vf`` (what ``sandbox up --dra-skip-node-ope
 vf`` passes) and ``DRAOptionalNodeOperations`` on in every component, no device plugin.
 
 1. Optional node operations, the kubelet half (the scheduler half, and a kubelet with the
-   gate off, are in tests/dra/test_scheduler_alpha.py: the Node's declared features
+   gate off, are in tests/plugins/dra/test_scheduler_alpha.py: the Node's declared features
    patched by hand there). The kubelet declares the feature in ``status.declaredFeatures``
    (component-helpers' nodedeclaredfeatures, GA in 1.37); examples/dra/optional-node-
    operations.yaml applied as a workshop does: the claim gets a VF, the allocation result
@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import (
+from cluster import (
     DEVICE_CLASSES,
     DRIVER,
     GROUP,

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from conftest import (
+from cluster import (
     DRIVER,
     GROUP,
     NS,

@@ -14,7 +14,7 @@ Each runs on its own cluster of the native runtime, started without our referenc
   one gets ``/dev/vfio/<its IOMMU group>`` and ``/dev/vfio/vfio``.
 
 Each plugin runs in a private mount namespace with the node's FUSE tree bound over /sys
-and /dev (tests/thirdparty.py); the kubelet's directory is the host's. The device nodes a
+and /dev (tests/support/thirdparty.py); the kubelet's directory is the host's. The device nodes a
 container gets come from state_dir/dev through containerd's /dev overlay.
 """
 
@@ -27,10 +27,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import (
+from cluster import (
     REPO,
     NativeCluster,
-    Sandboxes,
     container_devices,
     events,
     log_tail,
@@ -40,8 +39,9 @@ from conftest import (
     wait_counts,
     wait_until,
 )
+from conftest import Sandboxes
 
-from tests.thirdparty import (
+from tests.support.thirdparty import (
     Bind,
     Tmpfs,
     in_private_mounts,

@@ -3,7 +3,7 @@ through our NVML (docs/nvml.md), instead of our reference plugin.
 
 ``profiles/8gpu-2numa.yaml`` comes up without the reference plugin. NVIDIA's plugin runs
 on the host in a private mount namespace where the node's FUSE tree is bound over /sys,
-/dev and /proc/driver (tests/thirdparty.py); it registers through the real
+/dev and /proc/driver (tests/support/thirdparty.py); it registers through the real
 /var/lib/kubelet/device-plugins/kubelet.sock, loads our libnvidia-ml.so.1
 (LD_LIBRARY_PATH) and reads the tree through it (HWSANDBOX_NVML_ROOT). The kubelet
 advertises 8/8 nvidia.com/gpu on the node object, a 2-GPU pod runs with those GPUs'
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import (
+from cluster import (
     WITHIN,
     NativeCluster,
     check_two_gpu_pod,
@@ -29,8 +29,8 @@ from conftest import (
     wait_until,
 )
 
-from tests.nvidia import nvidia_binary, nvml_library
-from tests.thirdparty import Bind, in_private_mounts, require_private_mounts, running_plugin
+from tests.support.nvidia import nvidia_binary, nvml_library
+from tests.support.thirdparty import Bind, in_private_mounts, require_private_mounts, running_plugin
 
 GPU = "nvidia.com/gpu"
 

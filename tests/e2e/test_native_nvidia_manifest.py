@@ -4,7 +4,7 @@ as a user deploys it: NVIDIA's device plugin and gpu-feature-discovery v0.18.0
 reference plugin.
 
 The image the manifest names is made here from NVIDIA's binaries and the glibc they link
-(tests/nvidia.py; there is no registry) and imported into the sandbox's containerd.
+(tests/support/nvidia.py; there is no registry) and imported into the sandbox's containerd.
 `sandbox plugins deploy nvidia-device-plugin` then links the host's /var/lib/hw-sandbox/
 root and nvml (the manifest's hostPaths) to the sandbox's node tree and a copy of our
 NVML, and applies the manifest (gpu-feature-discovery's output moved from the host's /etc
@@ -20,16 +20,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import (
-    NativeCluster,
-    check_two_gpu_pod,
-    resource_counts,
-    wait_until,
-)
+from cluster import NativeCluster, check_two_gpu_pod, resource_counts, wait_until
 
 from sandbox.runtimes.native import bin_dir, kubelet_root
 from sandbox.runtimes.native.hostpaths import HOST_STATE
-from tests.nvidia import IMAGE, nvml_library, write_nvidia_image
+from tests.support.nvidia import IMAGE, nvml_library, write_nvidia_image
 
 GPU = "nvidia.com/gpu"
 MANIFEST_NAMES = ("nvidia-device-plugin", "gpu-feature-discovery")

@@ -9,7 +9,7 @@ reference plugin) and register through the real
   tmpfs on /tmp, because its Allocate writes /tmp/Dev-N; no pod asks it for a device here.
 - Intel's GPU plugin v0.36.0 (scripts/build-plugins), which reads /sys/class/drm and
   /dev/dri: in a private mount namespace the node's FUSE tree is bound over /sys and /dev
-  (tests/thirdparty.py), everything else, the kubelet's directory included, is the host's.
+  (tests/support/thirdparty.py), everything else, the kubelet's directory included, is the host's.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import (
+from cluster import (
     NativeCluster,
     container_devices,
     events,
@@ -32,7 +32,7 @@ from conftest import (
 )
 
 from sandbox.runtimes.native import BUILD_HINT, bin_dir
-from tests.thirdparty import (
+from tests.support.thirdparty import (
     Bind,
     Tmpfs,
     in_private_mounts,

@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import (
+from cluster import (
     PROFILE,
     NativeCluster,
-    Sandboxes,
     container_devices,
     events,
     nvidia_minors,
@@ -33,6 +32,7 @@ from conftest import (
     wait_counts,
     wait_until,
 )
+from conftest import Sandboxes
 
 from sandbox.profile.cpulist import parse_cpulist
 from sandbox.runtimes.native.common import DEVICE_PLUGINS_DIR

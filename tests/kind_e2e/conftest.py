@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
-from tests.gotools import cache_root, go_install  # noqa: E402
+from tests.support.gotools import cache_root, go_install  # noqa: E402
 
 KIND_VERSION = "v0.32.0"
 STATE_ROOT = Path("/run/hwsb-kind-e2e")

@@ -14,7 +14,7 @@ import pytest
 
 from sandbox.profile import load_profile
 from tests.kind_e2e.conftest import KindSandbox, leftovers
-from tests.nvidia import tree_gpu_minors
+from tests.support.nvidia import tree_gpu_minors
 
 NAME = "hwsb-e2e-gpu"
 GPU = "nvidia.com/gpu"

@@ -14,7 +14,7 @@ import yaml
 from sandbox.images.oci import PATH, write_archive
 from sandbox.images.tarfiles import layer_tar
 from tests.kind_e2e.conftest import REPO, KindSandbox
-from tests.thirdparty import plugin_binary
+from tests.support.thirdparty import plugin_binary
 
 INTEL_IMAGE = "intel/intel-gpu-plugin:0.36.0"
 I915 = "gpu.intel.com/i915"
@@ -104,7 +104,7 @@ def _load_nvidia_image(sb: KindSandbox) -> None:
     """NVIDIA's plugin and GFD binaries (scripts/build-plugins, unmodified) with the glibc
     they link, as the image the bundled manifest names (tests/nvidia.write_nvidia_image:
     the image is ours, there is no registry here; the programs are NVIDIA's)."""
-    from tests.nvidia import write_nvidia_image
+    from tests.support.nvidia import write_nvidia_image
 
     with tempfile.TemporaryDirectory() as tmp:
         archive = write_nvidia_image(Path(tmp) / "nvidia-device-plugin.oci.tar")
@@ -116,7 +116,7 @@ def test_nvidia_device_plugin_in_a_pod(sandbox_factory: Callable[..., KindSandbo
     """The bundled manifest, as a user applies it: NVIDIA's plugin in a pod on the node,
     our NVML mounted from the node, advertising the profile's 8 H100s; a fault reaches its
     own Xid health check."""
-    from tests.nvidia import nvml_library
+    from tests.support.nvidia import nvml_library
 
     # without our reference plugin (test_intel_gpu_plugin_advertises_i915 deletes its
     # DaemonSet instead): nothing advertises the GPUs until NVIDIA's plugin does

@@ -1,0 +1,54 @@
+"""What every test shares: the marker policy and the toy control server.
+
+Markers (registered in pyproject.toml): ``root`` needs root (FUSE mounts served as root,
+mknod, mount namespaces, root-only sockets, Docker, a real Kubernetes); ``fuse`` needs
+/dev/fuse and fusermount3; ``network`` needs the Go module proxy or a Debian mirror the
+first time. A ``root`` test run by another user FAILS with a hint (it never skips), so
+``pytest -m "not root"`` is how an unprivileged user runs the rest. Everything under
+tests/e2e and tests/kind_e2e is ``root`` and ``network``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.fakehw_toy import Server, serving
+from tests.support.paths import REPO
+
+_CLUSTER_DIRS = (REPO / "tests" / "e2e", REPO / "tests" / "kind_e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.path))
+        if any(path.is_relative_to(d) for d in _CLUSTER_DIRS):
+            item.add_marker(pytest.mark.root)
+            item.add_marker(pytest.mark.network)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("root") is not None and os.geteuid() != 0:
+        pytest.fail(
+            "needs root (FUSE served as root, mknod, mount namespaces, root-only sockets, "
+            "Docker or a real Kubernetes); run as root, or only the tests that do not: "
+            "pytest -m 'not root'",
+            pytrace=False,
+        )
+
+
+@pytest.fixture
+def toy_server(tmp_path: Path) -> Iterator[Server]:
+    """A toy tree served over FUSE with its control socket, for one test."""
+    with serving(tmp_path / "root") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def shared_toy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One toy server for a module's tests, which must leave it as they found it."""
+    with serving(tmp_path_factory.mktemp("toy") / "root") as srv:
+        yield srv

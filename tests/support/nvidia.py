@@ -1,0 +1,125 @@
+"""NVIDIA's unmodified device plugin and gpu-feature-discovery on a live fake node, through
+our NVML (sandbox/nvml, docs/nvml.md).
+
+- ``nvml_library()``: our libnvidia-ml.so.1, compiled into the cache on first use; FAILS
+  with an install hint when gcc is missing.
+- ``nvidia_binary(name)``: ``nvidia-device-plugin`` or ``gpu-feature-discovery`` v0.18.0,
+  built (with cgo) by scripts/build-plugins into the cache; FAILS with a hint when Go or
+  gcc is missing.
+- ``nvml_env(live, log)``: the environment that points a process at our library and at
+  the node's tree.
+- ``write_nvidia_image(dest)``: the image the bundled manifest names
+  (``nvcr.io/nvidia/k8s-device-plugin:v0.18.0``) as an OCI archive, made here from those
+  two binaries and the glibc they link (there is no registry).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox.images.oci import PATH, write_archive
+from sandbox.images.tarfiles import layer_tar
+from sandbox.nvml import NvmlBuildError, build
+from tests.support.thirdparty import BUILD_PLUGINS, LiveNode
+
+VERSION = "v0.18.0"
+IMAGE = f"nvcr.io/nvidia/k8s-device-plugin:{VERSION}"
+_HINT = (
+    "NVIDIA's device plugin and gpu-feature-discovery are built from "
+    "github.com/NVIDIA/k8s-device-plugin@{v} with cgo: they need Go >= 1.24 "
+    "(https://go.dev/doc/install, on PATH or GO=/path/go), gcc and libc6-dev "
+    "(apt-get install gcc libc6-dev) and the Go module proxy; `scripts/build-plugins {n}` "
+    "builds it once into ${{HWSANDBOX_CACHE:-~/.cache/hw-sandbox}}/plugins/"
+)
+
+
+def tree_gpu_minors(root: Path) -> dict[str, int]:
+    """GPU UUID -> device minor, from a node tree's proc/driver/nvidia/gpus/*/information."""
+    minors = {}
+    for info in (root / "proc/driver/nvidia/gpus").glob("*/information"):
+        text = info.read_text()
+        uuid = re.search(r"GPU UUID:\s*(\S+)", text)
+        minor = re.search(r"Device Minor:\s*(\d+)", text)
+        assert uuid, text
+        assert minor, text
+        minors[uuid.group(1)] = int(minor.group(1))
+    return minors
+
+
+def nvml_library() -> Path:
+    try:
+        return build()
+    except NvmlBuildError as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+def nvidia_binary(name: str) -> Path:
+    assert name in ("nvidia-device-plugin", "gpu-feature-discovery"), name
+    started = time.monotonic()
+    result = subprocess.run([str(BUILD_PLUGINS), name], capture_output=True, text=True,
+                            check=False, timeout=3600)  # fmt: skip
+    if result.returncode != 0:
+        missing = [t for t in ("go", "gcc") if shutil.which(t) is None and not (
+            t == "go" and os.environ.get("GO"))]
+        note = f" (missing: {', '.join(missing)})" if missing else ""
+        pytest.fail(
+            f"scripts/build-plugins {name} failed (exit {result.returncode}) after "
+            f"{time.monotonic() - started:.0f}s{note}:\n{result.stderr[-3000:]}\n"
+            + _HINT.format(v=VERSION, n=name),
+            pytrace=False,
+        )
+    binary = Path(result.stdout.strip().splitlines()[-1])
+    assert binary.name == name, result.stdout
+    assert os.access(binary, os.X_OK), f"{binary} is not executable"
+    return binary
+
+
+def nvml_env(live: LiveNode, log: Path | None = None, **extra: str) -> dict[str, str]:
+    """The environment for a program that should load our NVML and see ``live``'s GPUs."""
+    lib = nvml_library()
+    env = {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(lib.parent),
+        "HWSANDBOX_NVML_ROOT": str(live.root),
+        **extra,
+    }
+    if log is not None:
+        env["HWSANDBOX_NVML_LOG"] = str(log)
+    return env
+
+
+def _linked(binary: Path) -> dict[str, Path]:
+    """The shared objects ``binary`` links and the dynamic loader (ldd), at the paths the
+    binary asks for them: NVIDIA's programs are built with cgo."""
+    out = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, check=True,
+                         timeout=60).stdout  # fmt: skip
+    files: dict[str, Path] = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if "=>" in parts and len(parts) >= 3 and parts[2].startswith("/"):
+            files[parts[2]] = Path(parts[2]).resolve()
+        elif parts and parts[0].startswith("/"):
+            files[parts[0]] = Path(parts[0]).resolve()
+    return files
+
+
+def write_nvidia_image(dest: Path) -> Path:
+    """NVIDIA's plugin and GFD binaries (unmodified) with the glibc they link, as the image
+    the bundled manifest names: the image is ours, the programs are NVIDIA's. No
+    libnvidia-ml.so.1 in it, as upstream (the pods mount ours)."""
+    files: dict[str, bytes | Path] = {}
+    for name in ("nvidia-device-plugin", "gpu-feature-discovery"):
+        binary = nvidia_binary(name)
+        files[f"/usr/bin/{name}"] = binary
+        files.update(_linked(binary))
+    # the loader must be executable, as the kernel execs it
+    write_archive(dest, IMAGE, [layer_tar(files, set(files), dirs={"/tmp", "/etc"})],
+                  {"Env": [PATH], "Entrypoint": ["/usr/bin/nvidia-device-plugin"]})
+    return dest
