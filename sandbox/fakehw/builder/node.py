@@ -108,7 +108,7 @@ def build_partial(
     and bus links, /dev nodes, ...) and, whole, every entry that several devices' states
     decide together (an IOMMU group, the NVML state file, the KFD topology). Nothing else:
     no CPUs, bridges or drivers. Two partial builds of the same devices under two states
-    differ exactly where the whole trees differ (tests/test_tree_partial.py checks this
+    differ exactly where the whole trees differ (tests/fakehw/test_tree_partial.py checks this
     for every device and change of the shipped profiles)."""
     return _paused_gc(node, states, frozenset(devices))
 

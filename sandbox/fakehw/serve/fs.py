@@ -24,7 +24,7 @@ reader that opened it before the change reads on).
 
 ``serve()`` mounts, runs the control server and returns after ``fusermount3 -u ROOT`` or
 SIGTERM/SIGINT (a dead mount left by a killed server is cleared first: ``mountroot``).
-The node server (``sandbox.agent``) serves a profile's node with it; tests/fakehw_serve.py
+The node server (``sandbox.agent``) serves a profile's node with it; tests/support/fakehw_serve.py
 serves the tests' hand-made trees.
 """
 
