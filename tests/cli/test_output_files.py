@@ -34,7 +34,7 @@ from sandbox.agent import unmount
 from sandbox.draconfig import node_slices
 from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
-from sandbox.profile import load_profile
+from sandbox.profile import load_profile, spec
 from tests.support.fakehw_toy import require_fuse
 from tests.support.paths import REPO
 
@@ -66,11 +66,13 @@ def machine_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def state_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A state root holding one local sandbox record, for ``sandbox status``."""
+    """A state root holding one local sandbox record and the spec it came up with (what
+    ``sandbox status`` draws), for ``sandbox status``."""
     root = tmp_path_factory.mktemp("state")
     (root / "box").mkdir()
     record = {"runtime": "local", "profile": str(PROFILE), "nodes": {}}
     (root / "box" / "sandbox.json").write_text(json.dumps(record))
+    (root / "box" / "spec.json").write_text(spec.dump(load_profile(PROFILE).cluster))
     return root
 
 
