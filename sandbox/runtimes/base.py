@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandbox.errors import SandboxError
+from sandbox.errors import OptionRefused, SandboxError
 from sandbox.profile.spec import Cluster, NodeSpec
 from sandbox.progress import Progress
 from sandbox.runtimes.record import STATE_MARKER, check_name
@@ -103,6 +103,14 @@ class SandboxStatus:
             data["allocations"] = [a.to_dict() for a in node.allocations]
             data["allocatable"] = node.allocatable.to_dict() if node.allocatable else None
         return out
+
+
+def refuse_options(runtime: str, **given: object) -> None:
+    """OptionRefused for the first option in ``given`` that is set (truthy): a runtime's
+    constructor lists the options it does not have with the values it was given."""
+    for option, value in given.items():
+        if value:
+            raise OptionRefused(runtime, option)
 
 
 class Runtime(Protocol):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sandbox import supervisor
 from sandbox.agent import initial_states, start_node, unmount, wait_node
-from sandbox.errors import OptionRefused, RuntimeBackendError, SandboxError
+from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.kubelet.status import read_status
 from sandbox.profile import spec
 from sandbox.profile.spec import Cluster, NodeSpec
@@ -32,6 +32,7 @@ from sandbox.runtimes.base import (
     SandboxStatus,
     add_devices,
     advertisable,
+    refuse_options,
 )
 from sandbox.runtimes.record import NodeRecord, SandboxRecord, read_record, write_record
 from sandbox.runtimes.steps import Step, interrupts_held, run_steps, take_down
@@ -56,12 +57,9 @@ class LocalRuntime:
         leave the plugin out or change its flags, no Kubernetes to configure. It has no
         kubelet topology either, so ``emulate_topology`` changes nothing."""
         del emulate_topology
-        for option, refused in (("reference_plugin", not reference_plugin),
-                                ("plugin_options", plugin_options),
-                                ("feature_gates", feature_gates), ("dra_options", dra_options),
-                                ("dra_driver", dra_driver)):
-            if refused:
-                raise OptionRefused(self.name, option)
+        refuse_options(self.name, reference_plugin=not reference_plugin,
+                       plugin_options=plugin_options, feature_gates=feature_gates,
+                       dra_options=dra_options, dra_driver=dra_driver)
 
     def unavailable_reason(self) -> str | None:
         if not Path("/dev/fuse").exists():

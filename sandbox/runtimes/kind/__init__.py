@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sandbox.errors import ControlError, OptionRefused, RuntimeBackendError, SandboxError
+from sandbox.errors import ControlError, RuntimeBackendError, SandboxError
 from sandbox.images.node import NODE_IMAGE
 from sandbox.profile.spec import Cluster
 from sandbox.progress import Progress
@@ -40,6 +40,7 @@ from sandbox.runtimes.base import (
     add_devices,
     add_pod_resources,
     is_ready,
+    refuse_options,
 )
 from sandbox.runtimes.kind.api import api_client, docker_client, ours
 from sandbox.runtimes.kind.config import NODE_LABEL
@@ -67,10 +68,8 @@ class KindRuntime:
         # machine and kind's own settings (no restart on the emulated one)
         self.emulate_topology = emulate_topology
         # kind's own Kubernetes: no feature gates or DRA driver of ours (native has them)
-        for option, given in (("feature_gates", feature_gates), ("dra_options", dra_options),
-                              ("dra_driver", dra_driver)):
-            if given:
-                raise OptionRefused(self.name, option)
+        refuse_options(self.name, feature_gates=feature_gates, dra_options=dra_options,
+                       dra_driver=dra_driver)
 
     def node_image(self) -> tuple[str, bool]:
         """(image, present locally): SANDBOX_KIND_IMAGE, else our built one if present,
