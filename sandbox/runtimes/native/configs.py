@@ -1,13 +1,79 @@
-"""containerd, CNI and kubelet configuration for the native runtime's node."""
+"""containerd, CNI and kubelet configuration for the native runtime's node, and the
+command lines of its control plane (etcd, kube-apiserver, kube-scheduler) that the DRA
+tests' control plane starts too."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sandbox.profile.spec import NodeSpec
 from sandbox.runtimes.kubeletcfg import topology_config
-from sandbox.runtimes.native.common import BRIDGE, CNI_BIN_DIR, PAUSE_REF, POD_SUBNET, Layout
+from sandbox.runtimes.native.common import (
+    BRIDGE,
+    CNI_BIN_DIR,
+    PAUSE_REF,
+    POD_SUBNET,
+    SERVICE_CIDR,
+    Layout,
+)
+
+# The issuer of service account tokens, and so (no --api-audiences) the one audience the
+# API server accepts in a token.
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+
+
+def gate_flags(gates: Mapping[str, bool]) -> list[str]:
+    """``--feature-gates=A=true,B=false`` (sorted), or nothing for no gates."""
+    flag = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
+    return [f"--feature-gates={flag}"] if flag else []
+
+
+def etcd_argv(bin_dir: Path, data_dir: Path, client_port: int, peer_port: int) -> list[str]:
+    """A one-member etcd on loopback, plain HTTP, no fsync (a throwaway cluster's)."""
+    client_url = f"http://127.0.0.1:{client_port}"
+    peer_url = f"http://127.0.0.1:{peer_port}"
+    return [
+        str(bin_dir / "etcd"), "--name=hw-sandbox", f"--data-dir={data_dir}",
+        f"--listen-client-urls={client_url}", f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=hw-sandbox={peer_url}", "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_argv(bin_dir: Path, pki: Path, etcd_port: int, port: int, cert_dir: Path,
+                   gates: Mapping[str, bool]) -> list[str]:
+    """kube-apiserver with the certificates of ``pki.make_pki``: it serves ``apiserver.crt``,
+    takes the CA's client certificates (``admin.crt``: system:masters) and service account
+    tokens signed with ``sa.key`` (issuer ``SERVICE_ACCOUNT_ISSUER``). The caller adds
+    where it binds, its authorizers and admission plugins."""
+    return [
+        str(bin_dir / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+        f"--secure-port={port}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--allow-privileged=true", "--profiling=false", f"--cert-dir={cert_dir}",
+        *gate_flags(gates),
+    ]
+
+
+def scheduler_argv(bin_dir: Path, kubeconfig: Path, port: int,
+                   gates: Mapping[str, bool]) -> list[str]:
+    """kube-scheduler with ``kubeconfig`` for everything, its health on loopback ``port``."""
+    kc = str(kubeconfig)
+    return [
+        str(bin_dir / "kube-scheduler"), f"--kubeconfig={kc}",
+        f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+        "--bind-address=127.0.0.1", f"--secure-port={port}", "--leader-elect=false",
+        *gate_flags(gates),
+    ]
 
 
 def containerd_config(layout: Layout, shim: Path, runc: str) -> str:

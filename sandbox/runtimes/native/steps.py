@@ -31,7 +31,6 @@ from sandbox.runtimes.native.common import (
     DEVICE_CHECKPOINT,
     DEVICE_PLUGINS_DIR,
     PAUSE_REF,
-    SERVICE_CIDR,
     Layout,
     bin_dir,
     cache_dir,
@@ -42,7 +41,15 @@ from sandbox.runtimes.native.common import (
     stop,
     wait_for,
 )
-from sandbox.runtimes.native.configs import cni_config, containerd_config, kubelet_config
+from sandbox.runtimes.native.configs import (
+    apiserver_argv,
+    cni_config,
+    containerd_config,
+    etcd_argv,
+    gate_flags,
+    kubelet_config,
+    scheduler_argv,
+)
 from sandbox.runtimes.native.k8s import default_service_account, node_ready
 from sandbox.runtimes.native.node import (
     prepare_node_tree,
@@ -68,7 +75,6 @@ class Up:
         self.dra_options = tuple(dra_options)
         self.plugin_options = tuple(plugin_options)
         self.emulate_topology = emulate_topology
-        self.gates = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(feature_gates.items()))
         self.bin = bin_dir()
         self.server = f"https://127.0.0.1:{ports['apiserver']}"
         self.t0 = time.monotonic()
@@ -87,14 +93,8 @@ class Up:
         """etcd, until healthy."""
         self.progress("etcd")
         etcd_url = f"http://127.0.0.1:{self.ports['etcd']}"
-        peer_url = f"http://127.0.0.1:{self.ports['etcd-peer']}"
-        spawn(self.layout, "etcd", [
-            str(self.bin / "etcd"), "--name=hw-sandbox", f"--data-dir={self.layout.state / 'etcd'}",
-            f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-            f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=hw-sandbox={peer_url}", "--unsafe-no-fsync",
-            "--log-level=warn",
-        ])
+        spawn(self.layout, "etcd", etcd_argv(self.bin, self.layout.state / "etcd",
+                                             self.ports["etcd"], self.ports["etcd-peer"]))
         wait_for(self.layout, "etcd", "healthy",
                  lambda: http_ok(f"{etcd_url}/health", expect='"health":"true"'), 60)
 
@@ -102,26 +102,15 @@ class Up:
         """kube-apiserver, until ready."""
         self.progress("kube-apiserver")
         pki = self.layout.pki
-        etcd_url = f"http://127.0.0.1:{self.ports['etcd']}"
         spawn(self.layout, "kube-apiserver", [
-            str(self.bin / "kube-apiserver"), f"--etcd-servers={etcd_url}",
+            *apiserver_argv(self.bin, pki, self.ports["etcd"], self.ports["apiserver"],
+                            self.layout.state / "apiserver-certs", self.feature_gates),
             "--bind-address=0.0.0.0", f"--advertise-address={self.host_ip}",
-            f"--secure-port={self.ports['apiserver']}",
-            f"--tls-cert-file={pki / 'apiserver.crt'}",
-            f"--tls-private-key-file={pki / 'apiserver.key'}",
-            f"--client-ca-file={pki / 'ca.crt'}",
             f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
             f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
             # The node name (gpu-worker) does not resolve; reach the kubelet by its IP.
             "--kubelet-preferred-address-types=InternalIP",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
-            "--allow-privileged=true", "--profiling=false",
-            f"--cert-dir={self.layout.state / 'apiserver-certs'}",
-            *([f"--feature-gates={self.gates}"] if self.gates else []),
         ])
         ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
@@ -148,17 +137,11 @@ class Up:
             "--controllers=*,bootstrapsigner,tokencleaner", "--cluster-name=hw-sandbox",
             # default /usr/libexec/kubernetes/...: it would create it on the host
             f"--flex-volume-plugin-dir={self.layout.state / 'flex-volume-plugins'}",
-            *([f"--feature-gates={self.gates}"] if self.gates else []),
+            *gate_flags(self.feature_gates),
         ])
-        sched_cfg = str(self.layout.state / "scheduler.kubeconfig")
-        spawn(self.layout, "kube-scheduler", [
-            str(self.bin / "kube-scheduler"), f"--kubeconfig={sched_cfg}",
-            f"--authentication-kubeconfig={sched_cfg}",
-            f"--authorization-kubeconfig={sched_cfg}",
-            "--bind-address=127.0.0.1", f"--secure-port={self.ports['scheduler']}",
-            "--leader-elect=false",
-            *([f"--feature-gates={self.gates}"] if self.gates else []),
-        ])
+        spawn(self.layout, "kube-scheduler", scheduler_argv(
+            self.bin, self.layout.state / "scheduler.kubeconfig", self.ports["scheduler"],
+            self.feature_gates))
         wait_for(self.layout, "kube-controller-manager", "healthy", lambda: http_ok(
             f"https://127.0.0.1:{self.ports['controller-manager']}/healthz", insecure), 60)
         wait_for(self.layout, "kube-scheduler", "healthy", lambda: http_ok(
