@@ -4,17 +4,15 @@ ResourceClaimTemplates into claims; node lifecycle would taint our kubelet-less 
 
 ``sandbox.runtimes.native`` starts a whole node (containerd, kubelet) in one go and needs
 root-wide state; these tests need only the API side, several times with different feature
-gates, so this fixture is its own. Binaries come from ``scripts/build-k8s``; a missing one
-FAILS the test with that hint. Certificates: a throwaway CA (``openssl``) signs the
-apiserver's serving cert; clients authenticate with a static token (system:masters).
-Every process is stopped and every file removed on exit.
+gates, so this fixture starts the processes itself, with the native runtime's certificates
+(``pki.make_pki``; clients use the admin kubeconfig, system:masters) and its command lines
+(``configs``). Binaries come from ``scripts/build-k8s``; a missing one FAILS the test with
+that hint. Every process is stopped and every file removed on exit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import secrets
 import shutil
 import subprocess
 import tempfile
@@ -28,44 +26,22 @@ import pytest
 import yaml
 from kubernetes import client, config
 
-from sandbox.runtimes.native.common import free_ports
+from sandbox.runtimes.native.common import bin_dir, free_ports
+from sandbox.runtimes.native.configs import (
+    apiserver_argv,
+    etcd_argv,
+    gate_flags,
+    scheduler_argv,
+)
+from sandbox.runtimes.native.pki import make_pki, write_kubeconfig
 
-VERSION = os.environ.get("HWSANDBOX_K8S_VERSION", "1.37.2")
 HINT = "run scripts/build-k8s (builds kube-apiserver, kube-scheduler, ... and etcd)"
-
-
-def bin_dir() -> Path:
-    override = os.environ.get("HWSANDBOX_K8S_BIN")
-    if override:
-        return Path(override)
-    cache = Path(os.environ.get("HWSANDBOX_CACHE", str(Path.home() / ".cache" / "hw-sandbox")))
-    return cache / "k8s" / f"v{VERSION}" / "bin"
+# make_pki's kubelet certificate is for this node; no kubelet runs here to use it
+NODE = "dra-worker"
 
 
 def _free_port() -> int:
     return free_ports(("one",))["one"]
-
-
-def _openssl(*args: str) -> None:
-    subprocess.run(["openssl", *args], check=True, capture_output=True)
-
-
-def _pki(d: Path) -> None:
-    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
-    _openssl("req", "-x509", *ec, "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"),
-             "-subj", "/CN=hwsb-dra-test-ca", "-days", "2",
-             "-addext", "basicConstraints=critical,CA:TRUE",
-             "-addext", "keyUsage=critical,keyCertSign,digitalSignature")  # fmt: skip
-    _openssl("req", *ec, "-keyout", str(d / "server.key"), "-out", str(d / "server.csr"),
-             "-subj", "/CN=localhost")  # fmt: skip
-    (d / "ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n"
-                           "extendedKeyUsage=serverAuth\n")  # fmt: skip
-    _openssl("x509", "-req", "-in", str(d / "server.csr"), "-CA", str(d / "ca.crt"),
-             "-CAkey", str(d / "ca.key"), "-set_serial", "0x" + secrets.token_hex(8),
-             "-days", "2", "-extfile", str(d / "ext"), "-out", str(d / "server.crt"))  # fmt: skip
-    _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
-             "-out", str(d / "sa.key"))  # fmt: skip
-    _openssl("pkey", "-in", str(d / "sa.key"), "-pubout", "-out", str(d / "sa.pub"))
 
 
 @dataclass
@@ -91,24 +67,14 @@ class ControlPlane:
         old = self.procs.pop("kube-scheduler", None)
         if old is not None:
             _stop(old)
-        kc = str(self.kubeconfig)
-        _spawn(self, "kube-scheduler", [
-            str(bin_dir() / "kube-scheduler"), f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-            "--bind-address=127.0.0.1", f"--secure-port={_free_port()}",
-            "--leader-elect=false", *_gate_args(gates),
-        ])  # fmt: skip
+        _spawn(self, "kube-scheduler",
+               scheduler_argv(bin_dir(), self.kubeconfig, _free_port(), gates))
 
     def check_running(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
                 pytest.fail(f"{name} exited ({proc.returncode}):\n{self.log(name)}",
                             pytrace=False)  # fmt: skip
-
-
-def _gate_args(gates: Mapping[str, bool]) -> list[str]:
-    flag = ",".join(f"{k}={str(v).lower()}" for k, v in sorted(gates.items()))
-    return [f"--feature-gates={flag}"] if flag else []
 
 
 def _spawn(cp: ControlPlane, name: str, argv: list[str]) -> None:
@@ -153,42 +119,17 @@ def control_plane(gates: Mapping[str, bool] | None = None,
     d = Path(tempfile.mkdtemp(prefix="hwsb-cp-", dir="/tmp"))
     cp = ControlPlane(d, d / "kubeconfig", dict(gates or {}))
     try:
-        _pki(d)
-        token = secrets.token_hex(16)
-        (d / "tokens.csv").write_text(f"{token},admin,admin-uid,system:masters\n")
+        pki = d / "pki"
+        make_pki(pki, NODE, "127.0.0.1")
         port, etcd, peer = free_ports(("apiserver", "etcd", "peer")).values()
-        cp.kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "t",
-            "clusters": [{"name": "t", "cluster": {
-                "server": f"https://127.0.0.1:{port}",
-                "certificate-authority": str(d / "ca.crt")}}],
-            "users": [{"name": "t", "user": {"token": token}}],
-            "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}],
-        }))  # fmt: skip
-        gate_args = _gate_args(cp.gates)
-        _spawn(cp, "etcd", [
-            str(b / "etcd"), "--data-dir", str(d / "etcd"),
-            "--listen-client-urls", f"http://127.0.0.1:{etcd}",
-            "--advertise-client-urls", f"http://127.0.0.1:{etcd}",
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"default=http://127.0.0.1:{peer}",
-            "--unsafe-no-fsync", "--log-level", "warn",
-        ])  # fmt: skip
+        write_kubeconfig(cp.kubeconfig, f"https://127.0.0.1:{port}", pki, "admin", "hw-sandbox")
+        _spawn(cp, "etcd", etcd_argv(b, d / "etcd", etcd, peer))
         _spawn(cp, "kube-apiserver", [
-            str(b / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd}",
+            *apiserver_argv(b, pki, etcd, port, d / "certs", cp.gates),
             "--bind-address=127.0.0.1", "--endpoint-reconciler-type=none",
-            f"--secure-port={port}", f"--cert-dir={d / 'certs'}",
-            f"--tls-cert-file={d / 'server.crt'}", f"--tls-private-key-file={d / 'server.key'}",
-            f"--token-auth-file={d / 'tokens.csv'}", "--authorization-mode=RBAC",
-            f"--service-account-key-file={d / 'sa.pub'}",
-            f"--service-account-signing-key-file={d / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
             # No serviceaccount controller runs: pods must not need the default SA.
-            "--disable-admission-plugins=ServiceAccount", "--profiling=false",
-            "--allow-privileged=true",
-            *gate_args,
+            "--disable-admission-plugins=ServiceAccount",
         ])  # fmt: skip
         api = cp.api()
 
@@ -209,7 +150,8 @@ def control_plane(gates: Mapping[str, bool] | None = None,
                 f"--authentication-kubeconfig={cp.kubeconfig}",
                 f"--authorization-kubeconfig={cp.kubeconfig}",
                 "--bind-address=127.0.0.1", f"--secure-port={_free_port()}",
-                "--leader-elect=false", "--controllers=resourceclaim-controller", *gate_args,
+                "--leader-elect=false", "--controllers=resourceclaim-controller",
+                *gate_flags(cp.gates),
             ])  # fmt: skip
             time.sleep(1)
             cp.check_running()

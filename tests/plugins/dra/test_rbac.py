@@ -35,6 +35,7 @@ from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.kubelet import Claim, PluginWatcher
 from sandbox.profile import load_profile
+from sandbox.runtimes.native.configs import SERVICE_ACCOUNT_ISSUER
 from tests.plugins.dra.controlplane import ControlPlane, add_node, control_plane
 from tests.support.paths import REPO
 from tests.support.thirdparty import short_dir
@@ -97,11 +98,14 @@ def _kubeconfig(cp: ControlPlane, node: str, path: Path) -> Path:
     meta = next(d for d in yaml.safe_load_all(MANIFEST.read_text())
                 if d and d["kind"] == "ServiceAccount")["metadata"]  # fmt: skip
     token = core.create_namespaced_service_account_token(meta["name"], meta["namespace"], {
-        "spec": {"expirationSeconds": 3600, "audiences": ["https://kubernetes.default.svc"],
+        "spec": {"expirationSeconds": 3600, "audiences": [SERVICE_ACCOUNT_ISSUER],
                  "boundObjectRef": {"kind": "Node", "apiVersion": "v1", "name": node,
                                     "uid": uid}}}).status.token  # fmt: skip
     kc = yaml.safe_load(cp.kubeconfig.read_text())
-    kc["users"] = [{"name": "t", "user": {"token": token}}]
+    # the admin's kubeconfig with the token for the user its context names, and no
+    # client certificate (it would authenticate first, as system:masters)
+    context = next(c["context"] for c in kc["contexts"] if c["name"] == kc["current-context"])
+    kc["users"] = [{"name": context["user"], "user": {"token": token}}]
     path.write_text(yaml.safe_dump(kc))
     return path
 

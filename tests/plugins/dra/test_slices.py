@@ -27,7 +27,8 @@ from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import DeviceState, Health, Reason
 from sandbox.profile import NodeSpec, load_profile
-from tests.plugins.dra.controlplane import HINT, ControlPlane, bin_dir, control_plane
+from sandbox.runtimes.native.common import bin_dir
+from tests.plugins.dra.controlplane import HINT, ControlPlane, control_plane
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.network]
