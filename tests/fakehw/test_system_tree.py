@@ -337,6 +337,36 @@ def test_cpufreq_and_cpuidle_per_cpu_vendor(which: str, driver: str, pstate: str
         assert int((d / "residency").read_text()) >= latency
 
 
+@pytest.mark.parametrize("which", ["amd", "intel"])
+def test_idle_module_parameters_follow_the_cpuidle_driver(which: str,
+                                                          request: pytest.FixtureRequest) -> None:
+    """intel_idle's parameters exist where it is the driver (tools read max_cstate there);
+    the ACPI processor module's always, with the kernel's modes."""
+    _, root = request.getfixturevalue(which)
+    module = root / "sys/module"
+    driver = (root / "sys/devices/system/cpu/cpuidle/current_driver").read_text().strip()
+    assert (module / "intel_idle").exists() == (driver == "intel_idle")
+    if driver == "intel_idle":
+        params = module / "intel_idle/parameters"
+        assert (params / "max_cstate").read_text() == "9\n"
+        assert sorted(p.name for p in params.iterdir()) == [
+            "force_irq_on", "ibrs_off", "max_cstate", "no_acpi", "no_native",
+            "preferred_cstates", "states_off", "use_acpi"]
+        assert {p.stat().st_mode & 0o777 for p in params.iterdir()} == {0o444}
+    processor = module / "processor/parameters"
+    assert (processor / "max_cstate").read_text() == "8\n"
+    assert (processor / "max_cstate").stat().st_mode & 0o777 == 0o400
+    assert (processor / "latency_factor").stat().st_mode & 0o777 == 0o644
+
+
+def test_block_directories_exist_without_a_drive(intel: tuple[NodeSpec, Path]) -> None:
+    node, root = intel
+    assert not any(d.nvme is not None for d in node.devices)
+    for d in ("sys/block", "sys/class/block", "sys/dev/block"):
+        assert (root / d).is_dir(), d
+        assert not any((root / d).iterdir()), d
+
+
 @pytest.mark.parametrize(("which", "driver", "idle"), [
     ("amd", "amd-pstate-epp", "acpi_idle"), ("intel", "intel_pstate", "intel_idle")])
 def test_cpupower_reads_cpufreq_and_cpuidle(which: str, driver: str, idle: str,

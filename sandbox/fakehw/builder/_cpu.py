@@ -120,6 +120,7 @@ def add_cpus(ctx: Ctx) -> None:
         "available_governors": "ladder menu teo \n",
     })
     ctx.file(f"{CPU}/cpuidle/current_governor", "menu\n", RW)
+    _idle_parameters(ctx, idle_driver)
     _pstate(ctx, node)
     for c in node.cpus:
         base = f"{CPU}/cpu{c.id}"
@@ -196,6 +197,30 @@ def _amd(node: NodeSpec) -> bool:
 
 def _idle(node: NodeSpec) -> tuple[str, tuple[tuple[str, str, int, int], ...]]:
     return ("acpi_idle", _ACPI_IDLE) if _amd(node) else ("intel_idle", _INTEL_IDLE)
+
+
+# Built-in modules' parameters (module_param in drivers/idle/intel_idle.c and
+# drivers/acpi/processor_{idle,perflib,thermal}.c), at their defaults: (name, value, mode).
+# ACPI's processor module is there on every x86 machine, whichever cpuidle driver runs.
+_INTEL_IDLE_PARAMETERS = (("force_irq_on", "N", 0o444), ("ibrs_off", "N", 0o444),
+                          ("max_cstate", "9", 0o444), ("no_acpi", "N", 0o444),
+                          ("no_native", "N", 0o444), ("preferred_cstates", "0", 0o444),
+                          ("states_off", "0", 0o444), ("use_acpi", "N", 0o444))
+_PROCESSOR_PARAMETERS = (("bm_check_disable", "N", 0o400), ("ignore_ppc", "0", 0o644),
+                         ("ignore_tpc", "0", 0o644), ("latency_factor", "2", 0o644),
+                         ("max_cstate", "8", 0o400), ("nocst", "N", 0o400))
+
+
+def _idle_parameters(ctx: Ctx, driver: str) -> None:
+    """``sys/module/<module>/parameters``: intel_idle's where it is the cpuidle driver, and
+    the ACPI processor module's (home of acpi_idle) always; both are built in, so neither
+    has ``initstate`` or ``refcnt``."""
+    tables = [("processor", _PROCESSOR_PARAMETERS)]
+    if driver == "intel_idle":
+        tables.append(("intel_idle", _INTEL_IDLE_PARAMETERS))
+    for module, params in tables:
+        for name, value, mode in params:
+            ctx.file(f"sys/module/{module}/parameters/{name}", f"{value}\n", mode)
 
 
 def _cpuidle(ctx: Ctx, cpu: int, states: tuple[tuple[str, str, int, int], ...]) -> None:
