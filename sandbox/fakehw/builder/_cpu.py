@@ -215,7 +215,8 @@ def _idle_parameters(ctx: Ctx, driver: str) -> None:
     """``sys/module/<module>/parameters``: intel_idle's where it is the cpuidle driver, and
     the ACPI processor module's (home of acpi_idle) always; both are built in, so neither
     has ``initstate`` or ``refcnt``."""
-    tables = [("processor", _PROCESSOR_PARAMETERS)]
+    tables: list[tuple[str, tuple[tuple[str, str, int], ...]]] = [
+        ("processor", _PROCESSOR_PARAMETERS)]
     if driver == "intel_idle":
         tables.append(("intel_idle", _INTEL_IDLE_PARAMETERS))
     for module, params in tables:

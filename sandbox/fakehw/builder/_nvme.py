@@ -55,8 +55,8 @@ def disk_name(nvme: NvmeSpec, nsid: int) -> str:
 def add_nvmes(ctx: Ctx, nvmes: list[DeviceSpec], pci: dict[str, str]) -> None:
     # Every machine has these, disk or not (inventory agents open /sys/block). Made in
     # partial builds too, so a change that removes the last disk leaves them empty.
-    for d in ("sys/block", "sys/class/block", "sys/dev/block"):
-        ctx.dir(d)
+    for path in ("sys/block", "sys/class/block", "sys/dev/block"):
+        ctx.dir(path)
     if not nvmes:
         return
     if ctx.emits(None):
