@@ -47,6 +47,7 @@ VERBS = {
     "down": "stop a sandbox and remove its processes, mounts and state",
     "list": "list the sandboxes",
     "status": "show nodes, devices per NUMA node, health, capacity vs allocatable",
+    "kubeconfig": "print a sandbox's kubeconfig (kind and native runtimes)",
     "profiles": "list the bundled hardware profiles",
     "validate": "check hardware profiles",
     "show": "summarise a profile: NUMA nodes, CPUs, memory, devices",

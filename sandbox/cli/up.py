@@ -227,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
     hints = [(f"sandbox status{which}", "what the kubelet sees"),
              (f"sandbox fault{which} list", "devices and their health"),
              (f"sandbox down{which}", "remove it")]
+    if runtime.name != "local":  # the runtimes with an API server
+        hints.insert(2, (f"sandbox kubeconfig{which}", "for kubectl (--path: the file)"))
     width = max(len(c) for c, _ in hints) + 2
     print(f"sandbox {name!r} is up ({runtime.name} runtime, {elapsed:.1f}s). Next:\n"
           + "\n".join(f"  {c:<{width}}{what}" for c, what in hints), flush=True)

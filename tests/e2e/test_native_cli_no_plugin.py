@@ -50,7 +50,18 @@ def _up_without_the_plugin(root: Path) -> None:
                   "--name", NAME)
     try:
         assert up.returncode == 0, up.stderr
-        kubeconfig = root / NAME / "kubeconfig"
+        assert "sandbox kubeconfig" in up.stdout, up.stdout  # up's "Next:" lines
+        # `sandbox kubeconfig` as a user gets it: the path, the text, a copy for kubectl
+        path = _sandbox(env, "kubeconfig", "--name", NAME, "--path")
+        assert path.returncode == 0, path.stderr
+        assert Path(path.stdout.strip()) == root / NAME / "kubeconfig"
+        printed = _sandbox(env, "kubeconfig", "--name", NAME)
+        assert printed.returncode == 0, printed.stderr
+        assert printed.stdout == (root / NAME / "kubeconfig").read_text()
+        kubeconfig = root / "copied.kubeconfig"
+        wrote = _sandbox(env, "kubeconfig", "--name", NAME, "--write", str(kubeconfig))
+        assert wrote.returncode == 0, wrote.stderr
+        assert kubeconfig.stat().st_mode & 0o777 == 0o600
         node = json.loads(subprocess.run(
             [str(bin_dir() / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "node",
              "gpu-worker", "-o", "json"], capture_output=True, text=True, check=True,
@@ -70,3 +81,6 @@ def _up_without_the_plugin(root: Path) -> None:
         down = _sandbox(env, "down", "--name", NAME)
     assert down.returncode == 0, down.stderr
     assert not (root / NAME).exists()
+    again = _sandbox(env, "down", "--name", NAME)  # a teardown step after a failed run
+    assert again.returncode == 0, again.stderr
+    assert "nothing to remove" in again.stderr

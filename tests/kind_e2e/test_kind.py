@@ -115,6 +115,22 @@ def test_status_table_json_svg(gpu: KindSandbox, tmp_path: Path) -> None:
     assert "gpu7" in text
 
 
+def test_kubeconfig_works_with_kubectl(gpu: KindSandbox, tmp_path: Path) -> None:
+    """`sandbox kubeconfig` as the "Next:" lines of `up` point to it: kubectl reaches the
+    cluster with the copy it writes."""
+    copy = tmp_path / "kubeconfig"
+    gpu.sandbox("kubeconfig", "--name", NAME, "--write", str(copy))
+    assert copy.stat().st_mode & 0o777 == 0o600
+    assert gpu.sandbox("kubeconfig", "--name", NAME, "--path").stdout.strip() == \
+        str(gpu.kubeconfig)
+    proc = subprocess.run(["kubectl", "--kubeconfig", str(copy), "get", "nodes", "-o",
+                           "jsonpath={.items[*].metadata.labels.hwsandbox\\.dev/node}"],
+                          text=True, capture_output=True, check=False, env=gpu.kenv.env,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "gpu-worker" in proc.stdout.split(), proc.stdout
+
+
 def test_faults_reach_the_kubelet(gpu: KindSandbox) -> None:
     gpu.wait_resource("gpu-worker", GPU, (8, 8))
     # within 5 s of the fault command's start (the acceptance; a functional deadline: the

@@ -249,3 +249,41 @@ def test_status_without_a_sandbox_is_a_clear_error(state_root: Path) -> None:
     result = sandbox(state_root, "status")
     assert result.returncode == 1
     assert result.stderr == "error: no sandbox is running; start one with `sandbox up PROFILE`\n"
+
+
+def test_down_with_nothing_to_remove_says_so_and_succeeds(state_root: Path) -> None:
+    """A CI teardown step runs `down` whatever happened before: no sandbox is not a failure."""
+    for args, said in ((["down"], "no sandbox is running: nothing to remove"),
+                       (["down", "--name", "ghost"], "no sandbox named 'ghost': nothing to remove"),
+                       (["down", "--all"], "no sandbox is running: nothing to remove")):
+        result = sandbox(state_root, *args)
+        assert result.returncode == 0, result.stderr
+        assert said in result.stderr
+    invalid = sandbox(state_root, "down", "--name", "../x")
+    assert invalid.returncode == 1
+    assert "invalid sandbox name" in invalid.stderr
+
+
+def test_down_all_removes_every_sandbox_and_a_second_down_succeeds(state_root: Path) -> None:
+    require_fuse()
+    for profile in ("fpga-dfl", "qat-vfio"):
+        up = sandbox(state_root, "up", f"profiles/{profile}.yaml")
+        assert up.returncode == 0, up.stderr
+    ambiguous = sandbox(state_root, "down")
+    assert ambiguous.returncode == 1
+    assert "several sandboxes are running" in ambiguous.stderr
+    down = sandbox(state_root, "down", "--all")
+    assert down.returncode == 0, down.stderr
+    assert "sandbox 'fpga-dfl' removed" in down.stdout
+    assert "sandbox 'qat-vfio' removed" in down.stdout
+    assert not list(state_root.glob("*/sandbox.json"))
+    assert sandbox(state_root, "down").returncode == 0
+
+
+def test_kubeconfig_of_a_local_sandbox_is_a_clear_error(state_root: Path) -> None:
+    require_fuse()
+    assert sandbox(state_root, "up", "profiles/fpga-dfl.yaml").returncode == 0
+    result = sandbox(state_root, "kubeconfig")
+    assert result.returncode == 1
+    assert "runs the local runtime, which has no Kubernetes API server" in result.stderr
+    assert "Traceback" not in result.stderr
