@@ -1,4 +1,4 @@
-"""Run the real third-party readers (hwloc, lscpu, numactl, lspci) against a rendered root.
+"""Run the real third-party readers (hwloc, lscpu, numactl, lspci, ibstat) against a fake root.
 
 Each helper returns the reader's output parsed into plain data. A missing reader makes the
 calling test FAIL with the apt-get line that installs it: these tests never skip.
@@ -22,6 +22,7 @@ PACKAGES = {
     "unshare": "util-linux",
     "numactl": "numactl",
     "lspci": "pciutils",
+    "ibstat": "infiniband-diags",
 }
 
 
@@ -116,6 +117,41 @@ def numactl_hardware(root: Path) -> NumaHardware:
         elif len(words) >= 4 and words[0] == "node" and words[2] == "size:":
             hw.size_mb[int(words[1])] = int(words[3])
     return hw
+
+
+# -- ibstat (infiniband-diags, libibumad) -----------------------------------------------
+@dataclass
+class IbCa:
+    fields: dict[str, str] = field(default_factory=dict)  # "CA type", "Node GUID", ...
+    ports: dict[int, dict[str, str]] = field(default_factory=dict)  # "State", "Rate", ...
+
+
+def ibstat(root: Path, *args: str) -> dict[str, IbCa]:
+    """``ibstat`` by CA name. libibumad hardcodes /sys, so the fake root's sys, dev and proc
+    are bind-mounted over the real ones inside a private mount namespace (the real ones are
+    never written); ibstat itself runs unmodified."""
+    if os.geteuid() != 0:
+        pytest.fail("ibstat over a fake sysfs needs root (unshare -m and bind mounts)")
+    binds = " && ".join(f"mount --bind '{root / d}' /{d}" for d in ("sys", "dev", "proc"))
+    script = f"{binds} && exec '{need('ibstat')}' {' '.join(args)}"
+    out = run([need("unshare"), "-m", "--propagation", "private", "sh", "-c", script])
+    cas: dict[str, IbCa] = {}
+    ca: IbCa | None = None
+    port: dict[str, str] | None = None
+    for line in out.splitlines():
+        if line.startswith("CA '"):
+            ca = cas.setdefault(line[4:-1], IbCa())
+            port = None
+            continue
+        assert ca is not None, f"ibstat printed {line!r} before any CA:\n{out}"
+        key, _, value = line.strip().partition(":")
+        if line.startswith("\tPort ") and not line.startswith("\t\t"):
+            port = ca.ports.setdefault(int(key.split()[1]), {})
+        elif line.startswith("\t\t") and port is not None:
+            port[key] = value.strip()
+        else:
+            ca.fields[key] = value.strip()
+    return cas
 
 
 # -- lspci ------------------------------------------------------------------------------

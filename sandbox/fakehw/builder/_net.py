@@ -22,6 +22,16 @@ UVERBS_DYNAMIC_MAJOR = 244
 RDMA_MAX_PORTS = 1024
 MISC_MAJOR, RDMA_CM_MINOR = 10, 120  # rdma_cm is a dynamic misc minor
 ARPHRD_ETHER, ARPHRD_INFINIBAND = 1, 32
+# P_Key table: mlx5 reports 128 entries on an InfiniBand port and a single one on a RoCE
+# port (irdma too); entry 0 holds the default full-membership key 0xffff, the rest are 0.
+PKEY_TABLE_IB, PKEY_TABLE_ROCE, DEFAULT_PKEY = 128, 1, 0xFFFF
+
+
+def _pkey_table(size: int) -> dict[str, str]:
+    return {str(i): f"0x{DEFAULT_PKEY if i == 0 else 0:04x}\n" for i in range(size)}
+
+
+_PKEYS = {True: _pkey_table(PKEY_TABLE_IB), False: _pkey_table(PKEY_TABLE_ROCE)}
 
 _RATES = {
     400_000: "4X NDR",
@@ -261,7 +271,7 @@ def _rdma(
             "hca_type": f"MT{device_id}\n" if d.vendor == "mellanox" else "\n",
             "board_id": "MT_0000000838\n" if d.vendor == "mellanox" else "INTEL_E810\n",
             "node_desc": f"{ctx.node.name} {ibdev}\n",
-            "hw_rev": "0x0\n",
+            "hw_rev": "0\n",  # mlx5 and irdma print the revision id with %x
             "uevent": f"NAME={ibdev}\n",
         },
     )
@@ -292,6 +302,7 @@ def _rdma(
         },
     )
     ctx.file(f"{pdir}/gids/0", f"fe80:0000:0000:0000:{gid_tail}\n")
+    ctx.files(f"{pdir}/pkeys", _PKEYS[ib])
     ctx.file(f"{pdir}/gid_attrs/types/0", "IB/RoCE v1\n")
     ctx.file(f"{pdir}/gid_attrs/ndevs/0", "\n" if ib else f"{port.netdev}\n")
     # User-space verbs and MAD char devices; the kernel has minors for RDMA_MAX_PORTS only.
