@@ -48,6 +48,7 @@ VERBS = {
     "list": "list the sandboxes",
     "status": "show nodes, devices per NUMA node, health, capacity vs allocatable",
     "kubeconfig": "print a sandbox's kubeconfig (kind and native runtimes)",
+    "wait": "wait until resources are allocatable (RESOURCE=N), e.g. after deploying a plugin",
     "profiles": "list the bundled hardware profiles",
     "validate": "check hardware profiles",
     "show": "summarise a profile: NUMA nodes, CPUs, memory, devices",

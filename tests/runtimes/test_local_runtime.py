@@ -287,3 +287,28 @@ def test_kubeconfig_of_a_local_sandbox_is_a_clear_error(state_root: Path) -> Non
     assert result.returncode == 1
     assert "runs the local runtime, which has no Kubernetes API server" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_wait_for_allocatable_resources(state_root: Path) -> None:
+    """`sandbox wait RESOURCE=N` returns once the kubelet advertises it, follows a fault,
+    and times out naming what it saw."""
+    require_fuse()
+    assert sandbox(state_root, "up", "profiles/8gpu-2numa.yaml").returncode == 0
+    waited = sandbox(state_root, "wait", "nvidia.com/gpu=8", "--timeout", "60")
+    assert waited.returncode == 0, waited.stderr
+    assert "allocatable nvidia.com/gpu=8" in waited.stderr
+    assert sandbox(state_root, "fault", "unplug", "gpu-worker", "gpu3").returncode == 0
+    after = sandbox(state_root, "wait", "nvidia.com/gpu=7", "--node", "gpu-worker",
+                    "--timeout", "60")
+    assert after.returncode == 0, after.stderr
+    assert sandbox(state_root, "wait", "nvidia.com/gpu=1", "--at-least").returncode == 0
+    late = sandbox(state_root, "wait", "nvidia.com/gpu=8", "--timeout", "1")
+    assert late.returncode == 1
+    assert "timed out after 1s waiting for nvidia.com/gpu=8 on sandbox 8gpu-2numa: " \
+           "allocatable nvidia.com/gpu=7" in late.stderr, late.stderr
+    bad = sandbox(state_root, "wait", "nvidia.com/gpu")
+    assert bad.returncode == 2
+    assert "expected RESOURCE=N" in bad.stderr
+    nowhere = sandbox(state_root, "wait", "nvidia.com/gpu=1", "--node", "nope")
+    assert nowhere.returncode == 1
+    assert "has no node 'nope'" in nowhere.stderr
