@@ -33,8 +33,8 @@ One run reports every problem, in three stages:
    they hold for all of them, with two exceptions, avoided. A device left out that gives
    ``pciAddresses`` may add the host bridge another device needs: its node is treated as
    one whose own fields failed. Leaving a device out renumbers the next ones (gpu1 becomes
-   gpu0), and with them the ``{i}`` in generic devices' ``devNodes``: the build that
-   checks those runs only on nodes that lost no device.
+   gpu0), and with them the ``{i}`` in generic devices' ``devNodes``: their check
+   (``resolve.devnames``) runs only on nodes that lost no device.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from sandbox.profile.document import (
 )
 from sandbox.profile.problems import dedupe, real_loc, translate
 from sandbox.profile.resolve import ResolveFailed, check_device, resolve
+from sandbox.profile.resolve.devnames import dev_node_problems
 from sandbox.profile.spec import Cluster, Loc
 
 
@@ -112,16 +113,16 @@ def _same(loc: Loc) -> Loc:
 
 
 def _check(profile: model.Profile, origin: Callable[[Loc], Loc] = _same,
-           build: Callable[[int], bool] = lambda _i: True,
+           check: Callable[[int], bool] = lambda _i: True,
            ) -> tuple[Cluster | None, list[tuple[Loc, str]]]:
     """Stage 3 on a profile that validated: its cluster, or None and the problems.
-    ``build(i)``: whether to build ``nodes[i]`` to check its devNodes."""
+    ``check(i)``: whether to check the devNodes of ``nodes[i]``."""
     try:
         cluster = resolve(profile, origin)
     except ResolveFailed as exc:
         return None, exc.problems
     return cluster, [(origin(loc), msg)
-                     for loc, msg in _check_dev_nodes(profile, cluster, build)]
+                     for loc, msg in _check_dev_nodes(profile, cluster, check)]
 
 
 @dataclass
@@ -217,25 +218,22 @@ def _device_index(loc: Loc) -> int | None:
         else None
 
 
-def _check_dev_nodes(profile: model.Profile, cluster: Cluster, build: Callable[[int], bool]
+def _check_dev_nodes(profile: model.Profile, cluster: Cluster, check: Callable[[int], bool]
                      ) -> Iterator[tuple[Loc, str]]:
-    """Generic devices' ``devNodes`` are the only paths a profile names itself: build the
-    first replica of each node that has some, so a clash with another device's node (or a
-    node that is also used as a directory) is a located error, not a crash of the builder."""
-    from sandbox.fakehw.builder import build_tree  # the builder imports the profile package
-    from sandbox.fakehw.tree import TreeError
-
+    """Generic devices' ``devNodes`` are the only /dev paths and numbers a profile names
+    itself: each that takes what a driver on its node owns, or clashes with another, is a
+    located problem (``resolve.devnames``), checked on the first replica of each node."""
     for i, node in enumerate(profile.nodes):
-        with_nodes = [j for j, d in enumerate(node.devices)
-                      if isinstance(d, model.Generic) and d.dev_nodes]
-        spec = cluster.node(node.name, 0)
-        if not with_nodes or spec is None or not build(i):
+        if not any(isinstance(d, model.Generic) and d.dev_nodes for d in node.devices):
             continue
-        try:
-            build_tree(spec)
-        except TreeError as exc:
-            yield ("nodes", i, "devices", with_nodes[0], "devNodes"), f"cannot build: {exc}"
-
+        spec = cluster.node(node.name, 0)
+        if spec is None or not check(i):
+            continue
+        seen: set[tuple[Loc, int]] = set()  # an entry's replicas: its first problem only
+        for dev, k, field, message in dev_node_problems(spec):
+            if (dev.source, k) not in seen:
+                seen.add((dev.source, k))
+                yield (*dev.source, "devNodes", k, field), message
 
 
 def _check_head(name: str, data: Any, pos: Positions) -> None:

@@ -321,7 +321,7 @@ SCENARIO_WHOLE_FILE = ("not YAML", "empty file")
 
 def check_profile(text: str, name: str) -> str | None:
     """Load, resolve and build every node of ``text``: None if only located ProfileErrors
-    came out, else what is wrong."""
+    came out, else what is wrong (a profile that loads must build: a TreeError raises)."""
     from sandbox.errors import ProfileError
     from sandbox.fakehw.builder import build_tree
     from sandbox.profile import load_profile_text
@@ -331,23 +331,8 @@ def check_profile(text: str, name: str) -> str | None:
         for node in cluster.nodes:
             build_tree(node)
     except ProfileError as exc:
-        return unlocated(exc, text, name) or masked_build_failure(exc)
+        return unlocated(exc, text, name)
     return None
-
-
-# The one build failure a valid-looking profile may get as a ProfileError: its generic
-# devices' devNodes (a name or a number the profile chose) taking another device's node.
-_DEV_NODE_CLASH = re.compile(r"cannot build: (dev|sys/dev/(char|block))/\S+: already ")
-
-
-def masked_build_failure(exc: ProfileError) -> str | None:
-    """The loader builds a node whose generic devices have devNodes and reports a
-    TreeError as "cannot build: ..." at their devNodes: right for a clash of those nodes,
-    a builder bug passed off as the profile's fault for anything else (an fpga_region
-    numbered twice)."""
-    bad = [str(p) for p in exc.problems
-           if p.message.startswith("cannot build:") and not _DEV_NODE_CLASH.match(p.message)]
-    return f"a build failure reported as the profile's: {bad}" if bad else None
 
 
 def unlocated(exc: ProfileError, text: str, name: str) -> str | None:

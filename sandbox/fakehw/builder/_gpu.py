@@ -13,14 +13,16 @@ from sandbox.fakehw.builder import _nvidia_proc
 from sandbox.fakehw.builder._common import RW, Ctx
 from sandbox.fakehw.builder._pci import PciPlan
 from sandbox.profile import catalogue
+from sandbox.profile.resolve.devnames import (
+    DRM_MAJOR,
+    KFD_MAJOR,
+    NVIDIA_CAPS_MAJOR,
+    NVIDIA_MAJOR,
+    NVIDIA_UVM_MAJOR,
+    NVIDIACTL_MINOR,
+)
 from sandbox.profile.spec import DeviceSpec
 
-NVIDIA_MAJOR = 195
-NVIDIACTL_MINOR = 255
-NVIDIA_UVM_MAJOR = 235  # dynamic on a real system; this is a typical value
-NVIDIA_CAPS_MAJOR = 237  # dynamic (nvidia-caps)
-DRM_MAJOR = 226
-KFD_MAJOR = 234  # dynamic on a real system
 NVIDIA_DRIVER_VERSION = "550.54.15"
 KFD = "sys/devices/virtual/kfd/kfd"
 TOPOLOGY = f"{KFD}/topology/nodes"

@@ -11,16 +11,21 @@ from dataclasses import dataclass
 from sandbox.fakehw.builder._common import RW, Ctx, fault
 from sandbox.fakehw.builder._pci import PciPlan
 from sandbox.fakehw.tree import DeviceState, Reason
+from sandbox.profile.resolve.devnames import (
+    IB_MAJOR,
+    MISC_MAJOR,
+    RDMA_CM_MINOR,
+    UMAD_DYNAMIC_MAJOR,
+    UVERBS_DYNAMIC_MAJOR,
+)
 from sandbox.profile.spec import DeviceSpec
 
-IB_MAJOR = 231
 UMAD_FIXED, ISSM_BASE = 64, 64  # umadN = 231:N, issmN = 231:64+N for N < 64
 UVERBS_BASE, UVERBS_FIXED = 192, 32  # uverbsN = 231:192+N for N < 32
-# Beyond the fixed ranges the kernel allocates a dynamic major (these values are typical).
-UMAD_DYNAMIC_MAJOR, UMAD_DYNAMIC_ISSM = 243, 960
-UVERBS_DYNAMIC_MAJOR = 244
+# Beyond the fixed ranges the kernel allocates a dynamic major (devnames: the values are
+# typical); issm minors there start after the umad ones.
+UMAD_DYNAMIC_ISSM = 960
 RDMA_MAX_PORTS = 1024
-MISC_MAJOR, RDMA_CM_MINOR = 10, 120  # rdma_cm is a dynamic misc minor
 ARPHRD_ETHER, ARPHRD_INFINIBAND = 1, 32
 # P_Key table: mlx5 reports 128 entries on an InfiniBand port and a single one on a RoCE
 # port (irdma too); entry 0 holds the default full-membership key 0xffff, the rest are 0.

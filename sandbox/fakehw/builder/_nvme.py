@@ -17,12 +17,11 @@ from __future__ import annotations
 
 from sandbox.fakehw.builder._common import RW, Ctx, fault
 from sandbox.fakehw.tree import Reason
+from sandbox.profile.resolve.devnames import BLOCK_EXT_MAJOR, NVME_CHAR_MAJOR
 from sandbox.profile.spec import DeviceSpec, NvmeSpec
 
 # The controllers' character devices: a dynamic major (alloc_chrdev_region "nvme"); this
 # is a typical value, free among the tree's other dynamic majors.
-NVME_CHAR_MAJOR = 241
-BLOCK_EXT_MAJOR = 259  # NVMe disks have no major of their own: extended devt minors
 SECTOR = 512
 MULTIPATH = "sys/module/nvme_core/parameters/multipath"
 

@@ -35,11 +35,8 @@ from sandbox.fakehw.builder import _cpu, _fpga, _gpu, _net, _nvme, _pci
 from sandbox.fakehw.builder._common import Ctx, present
 from sandbox.fakehw.builder._system import add_system
 from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree, TreeError
+from sandbox.profile.resolve.devnames import MEM_MAJOR, VFIO_GROUP_MAJOR, VFIO_MINOR
 from sandbox.profile.spec import DeviceSpec, NodeSpec
-
-MEM_MAJOR = 1
-VFIO_MINOR = 196
-VFIO_GROUP_MAJOR = 245  # dynamic on a real system
 
 
 @dataclass(frozen=True)
