@@ -1,6 +1,7 @@
 """Node-wide kernel interfaces beside CPUs and NUMA nodes: bus links for CPUs, NUMA nodes
 and memory blocks, memory blocks (``sys/devices/system/memory``), ``/proc/swaps``, DMI
-(``sys/devices/virtual/dmi/id``) and IOMMU units (``sys/class/iommu``).
+(``sys/devices/virtual/dmi/id`` and the SMBIOS tables ``sys/firmware/dmi/tables``, encoded
+by ``_smbios``) and IOMMU units (``sys/class/iommu``).
 
 All of it depends on the node alone, so it belongs to the base tree every build grafts.
 Kernel documents: Documentation/ABI/testing/sysfs-devices-memory,
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from sandbox.fakehw.builder._common import RO, RW, WO, Ctx
 from sandbox.fakehw.builder._cpu import CPU, NODE, swap_kb
+from sandbox.fakehw.builder._smbios import dmi_values, smbios_tables
 
 MEMORY = "sys/devices/system/memory"
 MiB, GiB = 2**20, 2**30
@@ -22,6 +24,7 @@ LARGE_MEMORY = 64 * GiB  # MEM_SIZE_FOR_LARGE_BLOCK: from here on, 2 GiB blocks
 MAX_BLOCKS = 8192  # sandbox limit: past 16 TiB blocks grow beyond 2 GiB (no kernel does)
 DMA32_END = 4 * GiB
 DMI = "sys/devices/virtual/dmi/id"
+TABLES = "sys/firmware/dmi/tables"
 ROOT_ONLY = 0o400
 SWAP_FILE = "/swap.img"
 
@@ -50,6 +53,7 @@ def add_system(ctx: Ctx) -> None:
     _memory(ctx)
     _swaps(ctx)
     _dmi(ctx)
+    _smbios(ctx)
     _iommu(ctx)
 
 
@@ -118,25 +122,7 @@ def _dmi(ctx: Ctx) -> None:
     s = ctx.node.system
     if s is None:
         return
-    values = {
-        "bios_vendor": s.bios_vendor,
-        "bios_version": s.bios_version,
-        "bios_date": s.bios_date,
-        "bios_release": _bios_release(s.bios_version),
-        "sys_vendor": s.sys_vendor,
-        "product_name": s.product_name,
-        "product_version": s.product_version,
-        "product_family": "Family",
-        "product_sku": "To be filled by O.E.M.",
-        "board_vendor": s.board_vendor,
-        "board_name": s.board_name,
-        "board_version": s.board_version,
-        "board_asset_tag": "Base Board Asset Tag",
-        "chassis_vendor": s.sys_vendor,
-        "chassis_type": str(s.chassis_type),
-        "chassis_version": s.product_version,
-        "chassis_asset_tag": "To be filled by O.E.M.",
-    }
+    values = dmi_values(s)
     ctx.files(DMI, {k: f"{v}\n" for k, v in values.items()})
     ctx.files(DMI, {
         "product_serial": f"{s.product_serial}\n",
@@ -150,12 +136,13 @@ def _dmi(ctx: Ctx) -> None:
     ctx.link("sys/class/dmi/id", DMI)
 
 
-def _bios_release(version: str) -> str:
-    """SMBIOS 2.8's BIOS major.minor release, as firmware derives it from the version."""
-    parts = [p for p in version.split(".") if p.isdigit()][:2]
-    major = int(parts[0]) % 256 if parts else 1
-    minor = int(parts[1]) % 256 if len(parts) > 1 else 0
-    return f"{major}.{minor}"
+def _smbios(ctx: Ctx) -> None:
+    """The firmware's SMBIOS tables (``sys/firmware/dmi/tables``), which dmidecode and lshw
+    decode; dmi/id above holds the same values."""
+    if ctx.node.system is None:
+        return
+    entry, table = smbios_tables(ctx.node)
+    ctx.files(TABLES, {"smbios_entry_point": entry, "DMI": table}, ROOT_ONLY)
 
 
 def _iommu(ctx: Ctx) -> None:
