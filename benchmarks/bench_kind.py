@@ -42,7 +42,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
 
-    from sandbox.images.agent import deps_layer
+    from sandbox.images.deps import deps_layer
     from sandbox.profile import load_profile
     from sandbox.runtimes.kind import KindRuntime, host_facts
     from sandbox.runtimes.kind.config import kind_config_text

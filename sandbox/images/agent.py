@@ -7,7 +7,7 @@ device plugin and DRA driver). Two ways to make it:
   archive of three uncompressed layers written here, no Docker build and no registry:
 
       1. the Debian rootfs (python3, libfuse3, fuse3) by mmdebstrap
-      2. the dependencies (``pip install --target``, cached by requirement set)
+      2. the dependencies, installed by the image's own python3 (``deps``)
       3. our two packages
 
   loaded with ``kind load image-archive``. Node images from ``node`` preload layers 1
@@ -16,12 +16,12 @@ device plugin and DRA driver). Two ways to make it:
   ``sandbox up`` ships a few MiB instead of ~300.
 - **registry** (otherwise, or with ``SANDBOX_AGENT_BASE``): ``docker build`` on
   ``python:3.11-slim-bookworm`` (FUSE from apt) or the given base, loaded with ``kind load
-  docker-image``.
+  docker-image``; the same layer 2 is copied in (its cp311 wheels fit any CPython 3.11).
 
 ``build_agent_base`` makes the offline base for the registry way (``AGENT_BASE_IMAGE``:
-the agent rootfs loaded into Docker). The image's compiled dependencies come from this
-Python, so it must be 3.11 (Debian bookworm's and the slim image's). Everything lands in
-/opt/hw-sandbox/site (PYTHONPATH).
+the agent rootfs loaded into Docker). The host's Python plays no part in the image: any
+Python >= 3.11 can run ``sandbox`` and build it. Everything lands in /opt/hw-sandbox/site
+(PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -30,16 +30,13 @@ import hashlib
 import io
 import os
 import shutil
-import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
-from sandbox.cache import cache_root
-from sandbox.commands import run
-from sandbox.errors import CommandError, RuntimeBackendError
+from sandbox.errors import RuntimeBackendError
+from sandbox.images.deps import SITE, deps_layer
 from sandbox.images.dockerload import docker_load, image_label
 from sandbox.images.oci import PATH, layer_digests, write_archive
 from sandbox.images.rootfs import AGENT_PACKAGES, SUITE, build_rootfs, cached_rootfs, say
@@ -48,7 +45,6 @@ from sandbox.progress import Progress
 
 IMAGE = "hw-sandbox:latest"  # what the manifests name
 IMAGE_REF = "docker.io/library/hw-sandbox:latest"  # how containerd's CRI names it
-SITE = "opt/hw-sandbox/site"
 PRELOADED_LABEL = "dev.hwsandbox.preloaded-layers"  # on node images: blobs they carry
 REGISTRY_BASE = "python:3.11-slim-bookworm"
 ENV = [PATH, f"PYTHONPATH=/{SITE}", "PYTHONDONTWRITEBYTECODE=1"]
@@ -58,78 +54,6 @@ KEY_LABEL = "dev.hwsandbox.build-key"  # on images built here: the key of their 
 
 
 # --- layers -----------------------------------------------------------------------------------
-
-def requirements() -> list[str]:
-    """The project's runtime dependencies (no extras), as pip requirement strings."""
-    reqs = metadata.requires("hw-sandbox") or []
-    return sorted(r for r in reqs if "extra ==" not in r)
-
-
-def _check_python() -> None:
-    if sys.version_info[:2] != (3, 11):
-        raise RuntimeBackendError(
-            "image", "the sandbox image runs Python 3.11 and its compiled dependencies are "
-            f"installed from this Python, which is {sys.version.split()[0]}: run the sandbox "
-            "from a Python 3.11")
-
-
-def patched_pyfuse3() -> Path | None:
-    """The pyfuse3 wheel with our patch (scripts/build-pyfuse3 builds it into the cache,
-    keyed by the patch's hash), so that the agent serves in the fast no-open mode too;
-    None outside a checkout or before it was built (the agent then says so, once)."""
-    patch = Path(__file__).resolve().parents[2] / "scripts" / "pyfuse3-hwsandbox.patch"
-    if not patch.is_file():
-        return None
-    key = hashlib.sha256(patch.read_bytes()).hexdigest()[:12]
-    wheels = sorted((cache_root() / "pyfuse3").glob(f"*-{key}/pyfuse3-*-cp311-*.whl"))
-    return wheels[-1] if wheels else None
-
-
-# Parts of the dependencies nothing in the image imports, left out of the layer: the
-# kubernetes client's asyncio copy (40 MB of its 74; `import kubernetes` never loads it)
-# and its tests. Every node unpacks the image while kubeadm runs: each MB costs there.
-_LEFT_OUT = ("kubernetes/aio/", "kubernetes/e2e_test/", "kubernetes/test/")
-
-
-def _left_out(relative: str) -> bool:
-    return relative.startswith(_LEFT_OUT) or (
-        relative.startswith("kubernetes/") and relative.endswith("_test.py"))
-
-
-def deps_layer(progress: Progress) -> Path:
-    """Layer 2: the dependencies under /opt/hw-sandbox/site, as a deterministic tar."""
-    _check_python()
-    reqs = requirements()
-    keyed = list(reqs)
-    wheel = patched_pyfuse3()
-    if wheel is not None:  # instead of building the unpatched sdist from PyPI
-        reqs = [r for r in reqs if not r.lower().startswith("pyfuse3")] + [str(wheel)]
-        keyed = reqs[:-1] + [hashlib.sha256(wheel.read_bytes()).hexdigest()]
-    key = hashlib.sha256("\n".join([*keyed, *_LEFT_OUT]).encode()).hexdigest()[:12]
-    out = cache_root() / "agent-image" / f"deps-py311-{key}.tar"
-    if out.is_file():
-        return out
-    progress(f"installing the image's Python dependencies ({len(reqs)} packages)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="hwsb-deps-", dir=out.parent) as tmp:
-        target = Path(tmp) / "site"
-        argv = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                "--no-compile", "--target", str(target), *reqs]
-        try:
-            run(argv, timeout=None)
-        except CommandError as exc:
-            tail = " | ".join(exc.output.strip().splitlines()[-3:])
-            raise RuntimeBackendError("image", f"pip install of the image's dependencies "
-                                      f"failed: {tail}") from exc
-        files = {f"{SITE}/{p.relative_to(target).as_posix()}": p
-                 for p in sorted(target.rglob("*"))
-                 if (p.is_file() or p.is_symlink()) and "__pycache__" not in p.parts
-                 and not _left_out(p.relative_to(target).as_posix())}
-        partial = Path(tmp) / "layer.tar"
-        partial.write_bytes(layer_tar(files))
-        partial.replace(out)
-    return out
-
 
 def package_layer() -> bytes:
     """Layer 3: the ``sandbox`` and ``hwplugins`` packages as installed here."""

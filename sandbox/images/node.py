@@ -42,7 +42,7 @@ from pathlib import Path
 from sandbox.cache import cache_root
 from sandbox.commands import run
 from sandbox.errors import ImageBuildError, SandboxError
-from sandbox.images import agent, dockerload, oci, rootfs, tarfiles
+from sandbox.images import agent, deps, dockerload, oci, rootfs, tarfiles
 from sandbox.images.agent import KEY_LABEL, build_agent_base
 from sandbox.images.dockerload import docker_load, image_label
 from sandbox.images.oci import PATH, write_archive
@@ -193,7 +193,7 @@ def build_node_image(progress: Progress = say, *, force: bool = False) -> str:
     # the sandbox image's Debian and dependency layers, preloaded so that `sandbox up`
     # ships only our packages (agent.py)
     agent_layers: list[Path | bytes] = [build_rootfs("agent", AGENT_PACKAGES, progress),
-                                        agent.deps_layer(progress)]
+                                        deps.deps_layer(progress)]
     preloaded = oci.layer_digests(agent_layers)
     # the key covers the code that writes the image
     here = b"".join(Path(m.__file__ or "").read_bytes()

@@ -1,6 +1,7 @@
 """Debian rootfs tarballs made by ``mmdebstrap`` from Debian packages: the base of the kind
-node image (``NODE_PACKAGES``) and of the sandbox agent's image (``AGENT_PACKAGES``), as a
-tar in the project cache keyed by suite, mirror and package list.
+node image (``NODE_PACKAGES``), of the sandbox agent's image (``AGENT_PACKAGES``) and the
+rootfs its Python dependencies are built in (``BUILD_PACKAGES``), as a tar in the project
+cache keyed by suite, mirror and package list.
 
 Standard library only (with ``sandbox.cache``, ``sandbox.commands``, ``sandbox.errors``),
 so that ``python3 -m sandbox.images.rootfs`` can build both tarballs before anything is
@@ -38,6 +39,12 @@ NODE_PACKAGES = [
 # The sandbox agent and our plugins: Debian's Python 3.11 (the wheels are cp311) and FUSE;
 # iptables and conntrack for kube-proxy, whose image shares this rootfs layer.
 AGENT_PACKAGES = ["python3", "libfuse3-3", "fuse3", "iptables", "conntrack"]
+PYTHON = "3.11"  # SUITE's python3: the image's interpreter, the one its wheels are built for
+# Where the image's dependencies are installed and the patched pyfuse3 is compiled
+# (``sandbox.images.deps``): the agent's Debian with pip and a compiler, so that they are
+# built by the image's own Python whatever the host runs.
+BUILD_PACKAGES = [*AGENT_PACKAGES, "python3-pip", "python3-dev", "gcc", "libfuse3-dev",
+                  "pkg-config", "patch", "ca-certificates"]
 
 
 def say(message: str) -> None:
@@ -95,14 +102,15 @@ def build_rootfs(name: str, packages: list[str], progress: Progress = say) -> Pa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m sandbox.images.rootfs", description="Build the Debian rootfs "
-        "tarballs of the kind node and the sandbox agent images into the project cache "
-        "(re-running is a no-op).")
+        "tarballs of the kind node and the sandbox agent images (and the agent's build "
+        "rootfs) into the project cache (re-running is a no-op).")
     parser.parse_args(argv)
     try:
-        # the two mmdebstrap runs are mostly downloads and dpkg: run them side by side
-        with ThreadPoolExecutor(2) as pool:
+        # the mmdebstrap runs are mostly downloads and dpkg: run them side by side
+        with ThreadPoolExecutor(3) as pool:
             jobs = [pool.submit(build_rootfs, "node", NODE_PACKAGES),
-                    pool.submit(build_rootfs, "agent", AGENT_PACKAGES)]
+                    pool.submit(build_rootfs, "agent", AGENT_PACKAGES),
+                    pool.submit(build_rootfs, "build", BUILD_PACKAGES)]
             for job in jobs:
                 job.result()
     except SandboxError as exc:
