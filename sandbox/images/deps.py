@@ -27,6 +27,7 @@ import os
 import shutil
 import tempfile
 import time
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -75,7 +76,12 @@ _CA_FILES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle
 
 
 def requirements() -> list[str]:
-    """The project's runtime dependencies (no extras), as pip requirement strings."""
+    """The project's runtime dependencies (no extras), as pip requirement strings: from
+    pyproject.toml in a checkout (nothing need be installed: the test command builds the
+    layer before it installs the project), else from the installed distribution."""
+    pyproject = _SCRIPTS.parent / "pyproject.toml"
+    if pyproject.is_file():
+        return sorted(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
     reqs = metadata.requires("hw-sandbox") or []
     return sorted(r for r in reqs if "extra ==" not in r)
 
