@@ -14,6 +14,9 @@ What is read, and how it maps to the profile (sandbox/profile/model.py):
                                        MemTotal), hugepages (nr_hugepages), distances
     sys/bus/pci/devices/*              devices[]: ids, class, numa_node, driver, SR-IOV
                                        (sriov_totalvfs, sriov_numvfs), netdevs (MAC, speed)
+                                       numa_node -1 (no affinity): ``numaNode: none``
+    sys/bus/pci/devices/0000:00:00.0   pci.rootComplex: the host bridge function's ids
+                                       (class 0x060000; the machine's own, not a device)
 
 PCI functions become the device types the profile knows when the catalogue
 (sandbox/profile/catalogue.py) has their vendor:device id and class: GPUs (NVIDIA, AMD,
@@ -54,7 +57,7 @@ from typing import Any
 
 from sandbox import __version__
 from sandbox.capture.cpus import read_cpus, read_distances, read_numa, read_swap, read_system
-from sandbox.capture.devices import Entry, merge, read_pci
+from sandbox.capture.devices import Entry, Hex, merge, read_pci, root_complex
 from sandbox.capture.reading import Root, check_root, clean_text, hostname
 from sandbox.capture.writing import (
     Capture,
@@ -65,7 +68,7 @@ from sandbox.capture.writing import (
     write_capture,
 )
 from sandbox.errors import CaptureError, ProfileError
-from sandbox.profile import load_profile_text
+from sandbox.profile import catalogue, load_profile_text
 
 __all__ = ["Capture", "CaptureError", "capture", "write_capture"]
 
@@ -101,6 +104,14 @@ def capture(root: str | os.PathLike[str] = "/", name: str | None = None,
     where = clean_text(os.path.abspath(str(root)), "?", 128)  # a header line: one line
     description = f"captured from {where}" + (f" (host {host})" if host else "") + f" at {stamp}"
     bridges = host_bridges(r, fns, numa_nodes)
+    own = root_complex(fns)
+    vendor = str(cpus.fields["vendor"])
+    complex_ids = None
+    if own is not None and (own.vendor, own.device) != catalogue.root_complex(vendor):
+        complex_ids = {"vendorId": Hex(own.vendor, 4), "deviceId": Hex(own.device, 4)}
+    elif own is None and not any(f.address == "0000:00:00.0" for f in fns):
+        left_out.append("no host bridge function at 0000:00:00.0: the tree renders the CPU "
+                        "vendor's on host bridge pci0000:00")
     extra: dict[str, Any] = {}
     swap = read_swap(r)
     if swap is not None:
@@ -109,7 +120,7 @@ def capture(root: str | os.PathLike[str] = "/", name: str | None = None,
     if system is not None:
         extra["system"] = system
     doc = Doc(profile_name, node, clean_text(description, "captured"), cpus.fields, numa_nodes,
-               distances, bridges, entries, False, extra)
+               distances, bridges, entries, False, extra, complex_ids)
     addresses_note = "PCI addresses: the resolver's plan gives every device its address here"
     addresses = "machine"
     if not _planned_matches(doc.yaml([]), entries):

@@ -24,6 +24,7 @@ from sandbox.profile.resolve import limits
 _MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
 _DRIVER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 _BRIDGE_BASE_CLASS = 0x06
+ROOT_COMPLEX_ADDRESS = "0000:00:00.0"
 _OTHER_BRIDGE_CLASS = 0x0680  # "other bridge": real devices (NVSwitch, chipset functions)
 _NIC_BASE_CLASS = 0x02
 _IB_CLASS = 0x020700
@@ -107,7 +108,7 @@ def _nvme_model(fn: Function) -> tuple[str, str] | None:
 
 
 
-def _nvme_entry(fns: list[Function], nvme: tuple[str, str], numa: int, comment: str,
+def _nvme_entry(fns: list[Function], nvme: tuple[str, str], numa: int | str, comment: str,
                 left_out: list[str]) -> Entry:
     fn = fns[0]
     vendor, key = nvme
@@ -171,9 +172,15 @@ def _comment(fns: list[Function]) -> str:
 
 
 
-def _numa_of(fn: Function, numa_count: int, left_out: list[str]) -> int:
+def numa_ref(numa_raw: int) -> int | str:
+    """A sysfs numa_node as the profile says it: -1 (no firmware affinity) is ``none``."""
+    return "none" if numa_raw < 0 else numa_raw
+
+
+
+def _numa_of(fn: Function, numa_count: int, left_out: list[str]) -> int | str:
     if fn.numa_raw < numa_count:
-        return max(fn.numa_raw, 0)
+        return numa_ref(fn.numa_raw)
     left_out.append(f"{fn.address}: numa_node {fn.numa_raw} is not a NUMA node here; "
                     "captured as 0")
     return 0
@@ -235,7 +242,7 @@ def _classify_type(fns: list[Function], numa_count: int, left_out: list[str]) ->
 
 
 
-def _nic_entry(fns: list[Function], nic: tuple[str, str], numa: int, comment: str,
+def _nic_entry(fns: list[Function], nic: tuple[str, str], numa: int | str, comment: str,
                left_out: list[str]) -> Entry:
     fn = fns[0]
     vendor, key = nic
@@ -304,6 +311,14 @@ def _group_functions(fns: list[Function]) -> list[list[Function]]:
 
 
 
+def root_complex(fns: list[Function]) -> Function | None:
+    """The host bridge function 0000:00:00.0 (class 0x060000): the machine's own, which
+    the tree renders on host bridge pci0000:00 (``pci.rootComplex``), not a device."""
+    return next((f for f in fns if f.address == ROOT_COMPLEX_ADDRESS
+                 and f.class_code == catalogue.HOST_BRIDGE_CLASS), None)
+
+
+
 def _is_bridge(class_code: int) -> bool:
     return (class_code >> 16 == _BRIDGE_BASE_CLASS
             and class_code >> 8 != _OTHER_BRIDGE_CLASS)
@@ -351,7 +366,8 @@ def _read_functions(root: Root, left_out: list[str]) -> list[Function]:
 def read_pci(root: Root, numa_count: int, left_out: list[str]
               ) -> tuple[list[Entry], list[Function]]:
     fns = _read_functions(root, left_out)
-    bridges = [f for f in fns if _is_bridge(f.class_code)]
+    host = root_complex(fns)
+    bridges = [f for f in fns if _is_bridge(f.class_code) and f is not host]
     if bridges:
         shown = ", ".join(f"{f.address} ({f.ids} class {f.class_code:06x})" for f in bridges[:12])
         more = f" and {len(bridges) - 12} more" if len(bridges) > 12 else ""
@@ -366,9 +382,6 @@ def read_pci(root: Root, numa_count: int, left_out: list[str]
         # The resolver numbers IOMMU groups in profile order: keeping that order makes a
         # tree we rendered capture back to the same order.
         endpoints.sort(key=lambda f: (f.iommu_group or 0, f.address))
-    if any(f.numa_raw < 0 for f in endpoints):
-        left_out.append("PCI functions with numa_node -1 (no firmware affinity) are placed "
-                        "on NUMA node 0: the tree always names a node")
     groups = _group_functions(endpoints)
     if len(groups) > limits.MAX_DEVICES:
         raise CaptureError(f"{root.where}: {len(groups)} PCI devices under {PCI_DIR} "

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox.capture.devices import Entry, Hex
+from sandbox.capture.devices import Entry, Hex, numa_ref
 from sandbox.capture.reading import Function, Root
 from sandbox.outfile import write_file
 from sandbox.profile.model import API_VERSION, KIND
@@ -83,6 +83,7 @@ class Doc:
     entries: list[Entry]
     with_addresses: bool
     extra: dict[str, Any] = field(default_factory=dict)  # swap, system
+    root_complex: dict[str, Any] | None = None  # pci.rootComplex: 0000:00:00.0's own ids
 
     def device(self, e: Entry) -> dict[str, Any]:
         d = dict(e.fields)
@@ -100,8 +101,13 @@ class Doc:
             numa["distances"] = self.distances
         node: dict[str, Any] = {"name": self.node_name, "cpu": self.cpu, **self.extra,
                                 "numa": numa}
+        pci: dict[str, Any] = {}
         if self.host_bridges is not None:
-            node["pci"] = {"hostBridges": self.host_bridges}
+            pci["hostBridges"] = self.host_bridges
+        if self.root_complex is not None:
+            pci["rootComplex"] = self.root_complex
+        if pci:
+            node["pci"] = pci
         node["devices"] = [self.device(e) for e in self.entries]
         return {"apiVersion": API_VERSION, "kind": KIND,
                 "metadata": {"name": self.name, "description": self.description},
@@ -119,9 +125,13 @@ class Doc:
         if self.distances is not None:
             lines.append("      distances:")
             lines += [f"        - {_flow(row)}" for row in self.distances]
+        if self.host_bridges is not None or self.root_complex is not None:
+            lines.append("    pci:")
         if self.host_bridges is not None:
-            lines += ["    pci:", "      hostBridges:"]
+            lines.append("      hostBridges:")
             lines += [f"        - {_flow(h)}" for h in self.host_bridges]
+        if self.root_complex is not None:
+            lines.append(f"      rootComplex: {_flow(self.root_complex)}")
         if not self.entries:
             lines.append("    devices: []")
         else:
@@ -136,13 +146,14 @@ class Doc:
 def host_bridges(root: Root, fns: list[Function], numa_nodes: list[dict[str, Any]]
                   ) -> list[dict[str, Any]] | None:
     """The machine's root buses (``sys/devices/pciDDDD:BB``) with their NUMA node: that of
-    the functions below them, else the node whose CPUs are the bus's ``cpulistaffinity``,
-    else 0. None when they are the resolver's default (one per NUMA node, spread evenly)."""
+    the functions below them (``none`` for -1, no affinity), else the node whose CPUs are
+    the bus's ``cpulistaffinity``, else 0. None when they are the resolver's default (one
+    per NUMA node, spread evenly)."""
     count = len(numa_nodes)
     below: dict[str, int] = {}  # root bus: the NUMA node of the first function below it
     for f in fns:
-        if f.root_bus is not None and 0 <= f.numa_raw < count:
-            below.setdefault(f.root_bus, f.numa_raw)
+        if f.root_bus is not None and f.numa_raw < count:
+            below.setdefault(f.root_bus, max(f.numa_raw, -1))
     found: dict[str, int] = {}
     for name in root.names("sys/devices", r"pci[0-9a-f]{4}:[0-9a-f]{2}"):
         if name in below:
@@ -156,7 +167,7 @@ def host_bridges(root: Root, fns: list[Function], numa_nodes: list[dict[str, Any
     if not found or found == default:
         return None
     return [{"domain": Hex(int(name[3:7], 16), 4), "bus": Hex(int(name[8:10], 16), 2),
-             "numaNode": numa} for name, numa in sorted(found.items())]
+             "numaNode": numa_ref(numa)} for name, numa in sorted(found.items())]
 
 
 

@@ -133,7 +133,8 @@ def text(status: SandboxStatus, cluster: Cluster | None = None, pod: str | None 
             rows = [(r.resource, r.capacity, r.allocatable,
                      *(r.by_numa.get(k, 0) for k in numas)) for r in node.resources]
             out.append(table(("RESOURCE", "CAPACITY", "ALLOCATABLE",
-                              *(f"HEALTHY@NUMA{k}" for k in numas)), rows, indent="  "))
+                              *(f"HEALTHY@NUMA{k}" if k >= 0 else "HEALTHY@NO-NUMA"
+                                for k in numas)), rows, indent="  "))
         else:
             out.append("  (no extended resources advertised)")
         by_numa: dict[int, list[str]] = defaultdict(list)
@@ -141,8 +142,9 @@ def text(status: SandboxStatus, cluster: Cluster | None = None, pod: str | None 
             reason = f": {d.reason}" if d.reason else ""
             mark = "" if d.health == "healthy" else f" [{d.health}{reason}]"
             by_numa[d.numa_node].append(f"{d.id}{mark}")
-        for numa in sorted(by_numa):
-            out.append(f"  NUMA {numa}: {', '.join(by_numa[numa])}")
+        for numa in sorted(by_numa, key=lambda k: (k < 0, k)):
+            where = f"NUMA {numa}" if numa >= 0 else "no NUMA affinity"
+            out.append(f"  {where}: {', '.join(by_numa[numa])}")
         spec = cluster.node(node.name) if cluster is not None else None
         out.extend(allocation_lines(node, cpu_numa(spec), pod, whole_device_names(spec)))
         if health is not None and node.name in health:

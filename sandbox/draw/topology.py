@@ -138,10 +138,19 @@ class _Device:
         return out, h
 
 
+NO_NUMA = -1  # the box of the devices without NUMA affinity (sysfs numa_node -1)
+
+
+def _numa_title(node: NodeSpec, numa_id: int) -> tuple[str, str]:
+    """A NUMA box's title and its memory text (none for the no-affinity box)."""
+    if numa_id == NO_NUMA:
+        return "no NUMA affinity", ""
+    return f"NUMA node {numa_id}", f"{size(node.numa[numa_id].memory)} memory"
+
+
 def _numa_width(node: NodeSpec, numa_id: int, dev_w: float) -> float:
-    info = node.numa[numa_id]
-    head = (text_width(f"NUMA node {numa_id}", T_NUMA, True) + 2 * GAP
-            + text_width(f"{size(info.memory)} memory", T_BODY))
+    title, memory = _numa_title(node, numa_id)
+    head = text_width(title, T_NUMA, True) + 2 * GAP + text_width(memory, T_BODY)
     cpus = sum(1 for c in node.cpus if c.numa_node == numa_id)
     return max(NUMA_MIN_W, 2 * PAD + head, 2 * PAD + min(cpus, 16) * CELL,
                PAD + DEV_INDENT + dev_w + PAD)
@@ -150,18 +159,20 @@ def _numa_width(node: NodeSpec, numa_id: int, dev_w: float) -> float:
 def _draw_numa(node: NodeSpec, numa_id: int, devices: Sequence[_Device], x: float, y: float,
                w: float, h: float, id_w: float, dev_w: float, held: Mapping[int, str]
                ) -> tuple[list[str], float]:
-    """One NUMA node's box at (x, y), ``w`` by ``h`` (0: as tall as it needs); its height."""
-    info = node.numa[numa_id]
+    """One NUMA node's box at (x, y), ``w`` by ``h`` (0: as tall as it needs); its height.
+    ``NO_NUMA``: the devices without NUMA affinity, local to every CPU, no CPU grid."""
     inner = w - 2 * PAD
     yh = y + 10 + ASCENT * T_NUMA
-    out = [text(x + PAD, yh, f"NUMA node {numa_id}", T_NUMA, "bold", "#283593"),
-           text(x + w - PAD, yh, f"{size(info.memory)} memory", T_BODY, anchor="end")]
+    title, memory = _numa_title(node, numa_id)
+    out = [text(x + PAD, yh, title, T_NUMA, "bold", "#283593"),
+           text(x + w - PAD, yh, memory, T_BODY, anchor="end")]
     yc = below(yh, T_NUMA, T_SMALL)
-    out.append(text(x + PAD, yc, fit(f"CPUs {format_cpulist(info.cpus) or '-'}", T_SMALL,
-                                       inner), T_SMALL, fill=GREY))
+    local = (f"local CPUs: all ({format_cpulist(c.id for c in node.cpus)})"
+             if numa_id == NO_NUMA else f"CPUs {format_cpulist(node.numa[numa_id].cpus) or '-'}")
+    out.append(text(x + PAD, yc, fit(local, T_SMALL, inner), T_SMALL, fill=GREY))
     # CPU grid: one square per logical CPU, darker for first threads; orange: held by a
     # container (exclusive CPUs, from the kubelet). Rows of equal length.
-    cpus = [c for c in node.cpus if c.numa_node == numa_id]
+    cpus = [c for c in node.cpus if c.numa_node == numa_id] if numa_id != NO_NUMA else []
     rows = max(1, math.ceil(len(cpus) / max(1, int(inner // CELL))))
     per_row = max(1, math.ceil(len(cpus) / rows))
     top = yc + DESCENT * T_SMALL + 6
@@ -214,7 +225,8 @@ def _draw_resources(view: NodeView, x: float, y: float) -> tuple[list[str], floa
                 text(x + GAP, y + 8 + ASCENT * T_SMALL, note, T_SMALL, fill=GREY),
                 "</g>"], w, h
     numas = sorted({k for r in view.resources for k in r.healthy_by_numa})
-    head = ["resource", "capacity", "allocatable", *(f"healthy NUMA {k}" for k in numas)]
+    head = ["resource", "capacity", "allocatable",
+            *(f"healthy NUMA {k}" if k >= 0 else "healthy, no NUMA" for k in numas)]
     rows = [[r.name, str(r.capacity), str(r.allocatable),
              *(str(r.healthy_by_numa.get(k, 0)) for k in numas)] for r in view.resources]
     widths = [max(text_width(head[i], T_SMALL, True),
@@ -254,6 +266,8 @@ def _draw_node(node: NodeSpec, views: Mapping[str, DeviceView], held: Mapping[in
                live: NodeView | None) -> tuple[list[str], float, float]:
     """One node's box with its top left corner at (0, 0); its parts, width and height."""
     numa_ids = [n.id for n in node.numa]
+    if any(d.numa_node == NO_NUMA for d in node.devices):
+        numa_ids.append(NO_NUMA)
     devices = {k: [_Device.of(d, views.get(d.id, DeviceView(d.health, d.health_reason)))
                    for d in node.devices if d.numa_node == k] for k in numa_ids}
     every = [dev for k in numa_ids for dev in devices[k]]
@@ -300,7 +314,7 @@ def _draw_node(node: NodeSpec, views: Mapping[str, DeviceView], held: Mapping[in
         nx = PAD + i * (numa_w + NUMA_GAP)
         out += _draw_numa(node, k, devices[k], nx, top, numa_w, max(heights), id_w, dev_w,
                           held)[0]
-        if i:
+        if i and k != NO_NUMA:
             ly = top + 30
             d = node.numa[k].distances[numa_ids[i - 1]]
             out.append(f'<line x1="{nx - NUMA_GAP:.1f}" y1="{ly:.1f}" x2="{nx:.1f}" '

@@ -185,9 +185,23 @@ SWITCH_DOWNSTREAM = (0x1000, 0xC030)
 BRIDGE_CLASS = 0x060400
 
 
+# The host bridge function 0000:00:00.0 ("Host bridge", class 0x060000) of the root complex:
+# Intel Xeon Scalable "Sky Lake-E DMI3 Registers" 8086:2020; AMD EPYC "Starship/Matisse
+# Root Complex" 1022:1480 (both named by pci.ids, so lspci shows them).
+HOST_BRIDGE_CLASS = 0x060000
+ROOT_COMPLEX = (INTEL, 0x2020)
+ROOT_COMPLEXES = {"GenuineIntel": ROOT_COMPLEX, "AuthenticAMD": (AMD_CPU, 0x1480)}
+
+
 def root_port(cpu_vendor: str) -> tuple[int, int]:
     """(vendor, device) of the PCIe root ports of a CPU vendor (Intel's for any other)."""
     return ROOT_PORTS.get(cpu_vendor, ROOT_PORT)
+
+
+def root_complex(cpu_vendor: str) -> tuple[int, int]:
+    """(vendor, device) of the host bridge function 0000:00:00.0 of a CPU vendor's root
+    complex (Intel's for any other)."""
+    return ROOT_COMPLEXES.get(cpu_vendor, ROOT_COMPLEX)
 
 
 @dataclass(frozen=True)

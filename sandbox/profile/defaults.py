@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandbox.profile import model
+from sandbox.profile import catalogue, model
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.resolve.devices import DEFAULT_NAMES
 from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
@@ -92,9 +92,14 @@ def _node(node: model.Node, spec: NodeSpec, i: int) -> dict[str, Any]:
         # every host bridge, those the devices' given addresses add included, in the
         # resolver's order (a bridge's bus range ends below the next one's)
         "hostBridges": [{"domain": _hex(h.domain, 4), "bus": _hex(h.bus, 2),
-                         "numaNode": h.numa_node} for h in spec.host_bridges],
-        "switches": [s.model_dump(by_alias=True) for s in node.pci.switches],
+                         "numaNode": numa_ref(h.numa_node)} for h in spec.host_bridges],
+        "switches": [{**s.model_dump(by_alias=True), "numaNode": numa_ref(s.numa_node)}
+                     for s in node.pci.switches],
     }
+    host = next((f for f in spec.pci if f.class_code == catalogue.HOST_BRIDGE_CLASS), None)
+    if host is not None:
+        out["pci"]["rootComplex"] = {"vendorId": _hex(host.vendor_id, 4),
+                                     "deviceId": _hex(host.device_id, 4)}
     first: dict[int, DeviceSpec] = {}
     for d in spec.devices:
         j = d.source[-1]
@@ -125,6 +130,11 @@ def _kubelet(k: model.Kubelet, spec: NodeSpec) -> dict[str, Any]:
     return out
 
 
+def numa_ref(numa_node: int) -> int | str:
+    """A NUMA node as the profile writes it: its id, or ``none`` for -1 (no affinity)."""
+    return "none" if numa_node == model.NO_NUMA_NODE else numa_node
+
+
 def _device(dev: model.Device, d: DeviceSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"type": dev.type}
     if not isinstance(dev, model.Generic):
@@ -132,7 +142,7 @@ def _device(dev: model.Device, d: DeviceSpec) -> dict[str, Any]:
     out["model"] = dev.model
     out["name"] = dev.name or DEFAULT_NAMES[dev.type]
     out["count"] = dev.count
-    out["numaNode"] = dev.numa_node
+    out["numaNode"] = numa_ref(dev.numa_node)
     if dev.pci_addresses is not None:
         out["pciAddresses"] = list(dev.pci_addresses)
     if dev.switch is not None:

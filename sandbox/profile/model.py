@@ -86,6 +86,32 @@ def HexInt(maximum: int) -> Any:  # noqa: N802 - reads like a type in field decl
 
 
 MAX_NUMA_NODES = 64  # one PCI host bridge each by default, out of 256 bus numbers
+NO_NUMA_NODE = -1  # the kernel's NUMA_NO_NODE: what ``numaNode: none`` resolves to
+
+
+def _numa_ref(value: Any) -> Any:
+    """``none`` -> -1 (no NUMA affinity, sysfs ``numa_node`` -1); node ids pass through;
+    a negative number is refused, so ``none`` is the one spelling of "no affinity"."""
+    if value == "none":
+        return NO_NUMA_NODE
+    negative = isinstance(value, int) and not isinstance(value, bool) and value < 0
+    if negative or (isinstance(value, str) and not value.strip().isdigit()):
+        raise ValueError("must be a NUMA node id (0 or more), or none for no NUMA affinity")
+    return value
+
+
+# Where a PCI device, host bridge or switch sits: a NUMA node, or ``none`` for no
+# affinity (laptops, most VMs, many single-socket boxes: the kernel shows numa_node -1).
+NumaRef = Annotated[
+    int,
+    BeforeValidator(_numa_ref),
+    Field(ge=NO_NUMA_NODE),
+    WithJsonSchema({
+        "anyOf": [{"type": "integer", "minimum": 0}, {"const": "none"}],
+        "description": "a NUMA node id, or none: no NUMA affinity (numa_node -1, local_cpus "
+                       "all CPUs; device plugins send no topology)",
+    }),
+]
 Count = Annotated[int, Field(ge=1, le=1024)]
 # Free text that lands in sysfs/proc files: one line, no control characters.
 Text = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=256)]
@@ -173,24 +199,35 @@ class Numa(Strict):
 class HostBridge(Strict):
     domain: HexInt(0xFFFF) = 0  # type: ignore[valid-type]
     bus: HexInt(0xFF)  # type: ignore[valid-type]
-    numa_node: Annotated[int, Field(ge=0)]
+    numa_node: NumaRef
 
 
 class Switch(Strict):
     name: Name
-    numa_node: Annotated[int, Field(ge=0)]
+    numa_node: NumaRef
+
+
+class RootComplex(Strict):
+    """The host bridge function at 0000:00:00.0 (class 0x060000) on host bridge
+    pci0000:00; its NUMA node is that host bridge's."""
+
+    vendor_id: HexInt(0xFFFF)  # type: ignore[valid-type]
+    device_id: HexInt(0xFFFF)  # type: ignore[valid-type]
 
 
 class Pci(Strict):
     host_bridges: list[HostBridge] | None = Field(
         None, description="one per NUMA node by default"
     )
+    root_complex: RootComplex | None = Field(
+        None, description="ids of the host bridge function 0000:00:00.0; default the CPU "
+        "vendor's root complex (Intel 8086:2020, AMD 1022:1480)")
     switches: list[Switch] = Field(default_factory=list)
 
 
 class DeviceBase(Strict):
     count: Count = 1
-    numa_node: Annotated[int, Field(ge=0)] = 0
+    numa_node: NumaRef = 0
     name: Name | None = Field(None, description="id prefix; default the device type")
     pci_addresses: list[PciAddress] | None = Field(
         None, description="one per device; assigned deterministically if omitted"

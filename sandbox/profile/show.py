@@ -4,6 +4,7 @@ fully defaulted profile (``defaults``) and the resolved spec (``spec``)."""
 from __future__ import annotations
 
 from sandbox.profile.cpulist import format_cpulist
+from sandbox.profile.model import NO_NUMA_NODE
 from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
 from sandbox.textui import size, table
 
@@ -59,18 +60,23 @@ def node_text(node: NodeSpec) -> str:
     ]
     if node.labels:
         out.append("  labels  " + ", ".join(f"{k}={v}" for k, v in node.labels))
+    groups: list[tuple[int, str]] = []
     for numa in node.numa:
         pages = ", ".join(f"{kb}kB x {n}" for kb, n in numa.hugepages) or "none"
+        groups.append((numa.id, f"  NUMA {numa.id}  CPUs {format_cpulist(numa.cpus) or '-'}  "
+                       f"memory {size(numa.memory)}  hugepages {pages}  distances "
+                       f"{list(numa.distances)}"))
+    if any(d.numa_node == NO_NUMA_NODE for d in node.devices):
+        groups.append((NO_NUMA_NODE, "  no NUMA affinity (numa_node -1)  local CPUs: all "
+                       f"({format_cpulist(c.id for c in node.cpus)})"))
+    for numa_id, head in groups:
         out.append("")
-        out.append(
-            f"  NUMA {numa.id}  CPUs {format_cpulist(numa.cpus) or '-'}  memory "
-            f"{size(numa.memory)}  hugepages {pages}  distances {list(numa.distances)}"
-        )
+        out.append(head)
         rows = [
             (d.id, d.kind, d.model_name, describe_device(d), d.address,
              d.health + (f" ({d.health_reason})" if d.health != "healthy" else ""))
             for d in node.devices
-            if d.numa_node == numa.id
+            if d.numa_node == numa_id
         ]
         if rows:
             out.append(table(("ID", "TYPE", "MODEL", "DETAILS", "PCI ADDRESS", "HEALTH"),

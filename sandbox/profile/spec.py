@@ -266,8 +266,8 @@ class NodeSpec:
 
     @property
     def bridges(self) -> tuple[PciFunction, ...]:
-        """The root ports and switch ports."""
-        return tuple(f for f in self.pci if f.owner is None)
+        """The root ports and switch ports (PCI-to-PCI bridges, class 0x060400)."""
+        return tuple(f for f in self.pci if f.owner is None and f.class_code == 0x060400)
 
 
 @dataclass(frozen=True)

@@ -56,12 +56,13 @@ def _names(root: Path, rel: str, prefix: str) -> set[str]:
 
 
 def _functions(root: Path) -> dict[str, dict[str, str | None]]:
-    """Every PCI function below root that is not a bridge: its compared attributes."""
+    """Every PCI function below root that is not a PCI-to-PCI bridge (host bridges are
+    compared): its compared attributes."""
     out: dict[str, dict[str, str | None]] = {}
     for address in sorted(os.listdir(root / PCI)) if (root / PCI).is_dir() else []:
         base = f"{PCI}/{address}"
         cls = _read(root, f"{base}/class") or ""
-        if cls.startswith("0x06") and not cls.startswith("0x0680"):
+        if cls.startswith("0x06") and not cls.startswith(("0x0680", "0x0600")):
             continue  # bridges: the resolver plans its own (see the test's docstring)
         out[address] = {
             "vendor": _read(root, f"{base}/vendor"),
@@ -104,16 +105,9 @@ def compare_covered(real: Path, ours: Path, match_pci_by_address: bool) -> list[
     return diffs
 
 
-def _normalised(attrs: dict[str, str | None]) -> dict[str, str | None]:
-    # The kernel's NUMA_NO_NODE: the profile cannot say "no affinity", capture places the
-    # function on node 0 and says so in its header; local_cpulist is compared as it is.
-    return {**attrs, "numa_node": "0" if attrs["numa_node"] == "-1" else attrs["numa_node"]}
-
-
 def _compare_pci(real: dict[str, dict[str, str | None]], ours: dict[str, dict[str, str | None]],
                  by_address: bool) -> list[str]:
     diffs: list[str] = []
-    real = {a: _normalised(v) for a, v in real.items()}
     pfs_real = {a: v for a, v in real.items() if v["vf"] == "no"}
     pfs_ours = {a: v for a, v in ours.items() if v["vf"] == "no"}
     if by_address:
@@ -188,15 +182,17 @@ def test_host_round_trip(tmp_path: Path) -> None:
     ``cpu/present`` and each online CPU's ``topology/{core_id, physical_package_id,
     thread_siblings_list, core_siblings_list, package_cpus_list}``; the nodeN directories,
     ``node/online``, ``node/has_cpu`` and ``nodeN/cpulist``; every PCI function that is not
-    a bridge with its vendor, device, class, numa_node and local_cpulist.
+    a PCI-to-PCI bridge (the host bridge 0000:00:00.0 included) with its vendor, device,
+    class, numa_node and local_cpulist, compared raw: no normalisation.
 
     Choices, where our tree cannot represent the machine:
 
-    * bridges (class 06 but 0680 "other": host bridges, root and switch ports, ISA
-      bridges) are left out on both sides: the profile has no bridges, the resolver plans
-      its own;
-    * a real ``numa_node`` of -1 (no firmware affinity, as on this VM) is compared as 0:
-      the profile always names a NUMA node, and the capture's header says so;
+    * bridges other than host bridges (class 06 but 0600 "host" and 0680 "other": root
+      and switch ports, ISA bridges) are left out on both sides: the profile has no
+      bridges, the resolver plans its own. The host bridge function 0000:00:00.0 is the
+      machine's own (``pci.rootComplex``) and compared like a device;
+    * a real ``numa_node`` of -1 (no firmware affinity, as on this VM) is captured as
+      ``numaNode: none`` and rendered -1, with every CPU as ``local_cpulist``;
     * functions are matched by address: capture keeps the machine's addresses (or the
       resolver's plan already gives them). Only if the machine's addresses do not fit a
       profile (``pci_addresses == "planned"``) are they matched as a multiset of

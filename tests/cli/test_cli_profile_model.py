@@ -59,8 +59,8 @@ STRUCTURAL = [
     "mixed.yaml:11:55: nodes[0].devices[2].count: must be a valid integer, unable to parse "
     "string as an integer, got 'two'",
     "mixed.yaml:13:11: nodes[1].role: 'master' is not one of 'control-plane', 'worker'",
-    "mixed.yaml:16:59: nodes[1].devices[1].numaNode: must be a valid integer, unable to "
-    "parse string as an integer, got 'x'",
+    "mixed.yaml:16:59: nodes[1].devices[1].numaNode: must be a NUMA node id (0 or more), "
+    "or none for no NUMA affinity, got 'x'",
 ]
 SEMANTIC = [
     "mixed.yaml:9:44: nodes[0].devices[0].model: unknown nvidia gpu model 'h100'; known: "

@@ -67,7 +67,8 @@ class Fn:
 def expected_functions(node: NodeSpec) -> dict[str, Fn]:
     """Every PCI function the profile says is present at start, VFs included."""
     out = {b.address: Fn(b.vendor_id, b.device_id, b.class_code, b.numa_node, b.driver,
-                         b.iommu_group, True) for b in node.bridges}
+                         b.iommu_group, b in node.bridges)
+           for b in node.pci if b.owner is None}  # the bridges and the root complex's 00.0
     for d in node.devices:
         if d.health == "unhealthy" and d.health_reason == "removed":
             continue

@@ -25,7 +25,8 @@ INVALID = sorted(INVALID_DIR.glob("*.yaml"))
 # Fixtures whose problems are about structure (types, unknown or missing keys, YAML
 # itself) rather than cross-field rules: the JSON Schema must reject these too.
 STRUCTURAL = {
-    "bad-name", "bad-quantity", "bad-vendor", "generic-missing", "list-doc", "many-problems",
+    "bad-name", "bad-numa-none", "bad-quantity", "bad-vendor", "generic-missing", "list-doc",
+    "many-problems",
     "missing-api", "missing-type", "no-nodes", "pci-malformed", "scalar-doc", "typo-cpu",
     "unknown-top", "unknown-type", "wrong-api", "wrong-kind", "zero-count",
 }

@@ -237,7 +237,8 @@ def add_kfd(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str]) -> None:
     gpu_node = {d.id: ncpu_nodes + i for i, d in enumerate(live)}
     for n in node.numa:
         base = f"{TOPOLOGY}/{n.id}"
-        attached = [d for d in live if d.numa_node == n.id]
+        # amdkfd links a GPU without NUMA affinity (numa_node -1) to CPU node 0
+        attached = [d for d in live if max(d.numa_node, 0) == n.id]
         ctx.files(
             base,
             {
@@ -367,7 +368,7 @@ def add_kfd(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str]) -> None:
             ),
         )
         ctx.dir(f"{base}/caches")
-        ctx.file(f"{base}/io_links/0/properties", _io_link(idx, d.numa_node, 2, 20))
+        ctx.file(f"{base}/io_links/0/properties", _io_link(idx, max(d.numa_node, 0), 2, 20))
         ctx.dir(f"{base}/p2p_links")
         for k, p in enumerate(peers):
             ctx.file(

@@ -24,6 +24,7 @@ DEVICES = "sys/bus/pci/devices"
 DRIVERS = "sys/bus/pci/drivers"
 GROUPS = "sys/kernel/iommu_groups"
 BRIDGE_CLASS = 0x060400
+HOST_BRIDGE_CLASS = 0x060000  # the root complex's 0000:00:00.0: no BAR, no driver
 
 # Documentation/ABI/testing/sysfs-bus-pci-devices-aer_stats; names and order from
 # drivers/pci/pcie/aer.c (aer_correctable_error_string / aer_uncorrectable_error_string).
@@ -156,6 +157,7 @@ def _config(f: PciFunction, bar: int, irq: int) -> bytes:
     """256 bytes of config space: header, BAR0 and a PCI Express capability at 0x40."""
     c = bytearray(256)
     bridge = f.class_code == BRIDGE_CLASS
+    host = f.class_code == HOST_BRIDGE_CLASS
     struct.pack_into(
         "<HHHH", c, 0, f.vendor_id, f.device_id, 0x0406 if not bridge else 0x0407, 0x0010
     )
@@ -171,7 +173,8 @@ def _config(f: PciFunction, bar: int, irq: int) -> bytes:
         c[0x1C], c[0x1D] = 0xF0, 0x00  # I/O window disabled
         port_type = f.port_type
     else:
-        struct.pack_into("<II", c, 0x10, (bar & 0xFFFFFFF0) | 0x4, bar >> 32)
+        if not host:
+            struct.pack_into("<II", c, 0x10, (bar & 0xFFFFFFF0) | 0x4, bar >> 32)
         struct.pack_into("<HH", c, 0x2C, f.subsystem_vendor_id, f.subsystem_device_id)
         port_type = 0
     speed = _SPEED_CODE.get(f.link_speed, 4)
@@ -281,7 +284,7 @@ def add_pci(
             "modalias": f"{modalias}\n",
             "irq": f"{irq}\n",
             "uevent": uevent,
-            "resource": _resource(bar, bridge),
+            "resource": _resource(bar, bridge or f.class_code == HOST_BRIDGE_CLASS),
             "current_link_speed": f"{speed}\n",
             "current_link_width": f"{width}\n",
             "max_link_speed": f"{f.link_speed}\n",

@@ -133,7 +133,11 @@ def _resolve_node(
     devices = pci.place_devices()
     if devices is None:
         return None
-    tree = plan_tree(pci.bridges, devices)
+    taken = {f.address for d in devices for f in d.functions}
+    taken |= {a for d in devices if d.nic is not None for vfs in d.nic.vf_addresses for a in vfs}
+    taken |= {a for d in devices if d.gpu is not None for a in d.gpu.vf_addresses}
+    host = pci.root_complex(taken)
+    tree = plan_tree(pci.bridges + ([host] if host is not None else []), devices)
     swap = system.swap_bytes(node, loc, problems)
     cpu = node.cpu
     return NodeSpec(

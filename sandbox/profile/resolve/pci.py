@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sandbox.profile import catalogue, model
+from sandbox.profile.model import NO_NUMA_NODE
 from sandbox.profile.resolve.devices import DeviceModel, Draft, device_model, number_minors
 from sandbox.profile.spec import HostBridgeInfo, Loc, PciFunction
 
@@ -36,7 +37,8 @@ class PciPlanner:
         self.bus_used: set[tuple[int, int]] = set()
         self.next_devfn: dict[str, int] = {}
         self.next_bus: dict[str, int] = {}
-        self.switch_ports: dict[str, tuple[str, int, int]] = {}  # name -> (upstream, bus, next dev)
+        # switch name -> (its host bridge, upstream port, inner bus, next free device)
+        self.switch_ports: dict[str, tuple[HostBridgeInfo, str, int, int]] = {}
         hbs = node.pci.host_bridges
         if hbs is None:
             step = max(1, 256 // max(1, numa_count))
@@ -111,8 +113,11 @@ class PciPlanner:
 
     def _slot(self, numa_node: int, buses: int, switch: str | None, dloc: Loc
               ) -> tuple[HostBridgeInfo, str | None, int] | None:
-        """Where a new endpoint goes: (host bridge, parent bridge, its bus)."""
+        """Where a new endpoint goes: (host bridge, parent bridge, its bus). A device
+        without NUMA affinity goes on a host bridge without one, else on any."""
         candidates = [h for h in self.host_bridges if h.numa_node == numa_node]
+        if not candidates and numa_node == NO_NUMA_NODE:
+            candidates = list(self.host_bridges)
         if not candidates:
             self.problems.append(
                 ((*dloc, "numaNode"), f"NUMA node {numa_node} has no PCI host bridge")
@@ -149,9 +154,8 @@ class PciPlanner:
             hb, _port, bus = placed
             upstream = format_address(hb.domain, bus, 0)
             self._bridge(upstream, catalogue.SWITCH_UPSTREAM, hb, _port)
-            self.switch_ports[name] = (upstream, bus + 1, 0)
-        upstream, inner_bus, next_dev = self.switch_ports[name]
-        hb = next(h for h in self.host_bridges if h.numa_node == sw.numa_node)
+            self.switch_ports[name] = (hb, upstream, bus + 1, 0)
+        hb, upstream, inner_bus, next_dev = self.switch_ports[name]
         if next_dev >= 32:
             self.problems.append(((*dloc, "switch"), f"switch {name!r} has no free ports"))
             return None
@@ -161,7 +165,7 @@ class PciPlanner:
             self.problems.append((dloc, "PCI bus numbers exhausted behind switch " + name))
             return None
         self._bridge(down, catalogue.SWITCH_DOWNSTREAM, hb, upstream)
-        self.switch_ports[name] = (upstream, inner_bus, next_dev + 1)
+        self.switch_ports[name] = (hb, upstream, inner_bus, next_dev + 1)
         return hb, down, sub_bus
 
     def _given_slot(self, address: str, numa_node: int, aloc: Loc
@@ -176,13 +180,27 @@ class PciPlanner:
             hb = HostBridgeInfo(name, domain, bus, numa_node)
             self.host_bridges.append(hb)
             self.bus_used.add((domain, bus))
-        elif hb.numa_node != numa_node:
+        elif hb.numa_node != numa_node and numa_node != NO_NUMA_NODE:
             self.problems.append(
                 (aloc, f"{address} is on host bridge {name} of NUMA node {hb.numa_node}, "
                  f"not {numa_node}")
             )
             return None
         return hb, None, bus
+
+    def root_complex(self, taken: set[str]) -> PciFunction | None:
+        """The host bridge function 0000:00:00.0 on host bridge pci0000:00 (its NUMA node),
+        with the profile's ids or the CPU vendor's; None without that host bridge or when
+        a device takes the address. Its IOMMU group comes after every device's."""
+        address = "0000:00:00.0"
+        hb = next((h for h in self.host_bridges if h.name == "pci0000:00"), None)
+        if hb is None or address in taken:
+            return None
+        given = self.node.pci.root_complex
+        ids = ((given.vendor_id, given.device_id) if given is not None
+               else catalogue.root_complex(self.node.cpu.vendor))
+        return PciFunction(address, ids[0], ids[1], 0, 0, catalogue.HOST_BRIDGE_CLASS, 0,
+                           None, hb.numa_node, hb.name, None, self._group())
 
     def place_devices(self) -> list[Draft] | None:
         before = len(self.problems)
