@@ -22,9 +22,11 @@ what is left out. The host's Python plays no part in it.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 import tomllib
@@ -33,8 +35,15 @@ from pathlib import Path
 
 from sandbox.cache import cache_root
 from sandbox.commands import run
-from sandbox.errors import CommandError, RuntimeBackendError
-from sandbox.images.rootfs import BUILD_PACKAGES, PYTHON, SUITE, build_rootfs, rootfs_key
+from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
+from sandbox.images.rootfs import (
+    BUILD_PACKAGES,
+    PYTHON,
+    SUITE,
+    build_rootfs,
+    rootfs_key,
+    say,
+)
 from sandbox.images.tarfiles import layer_tar
 from sandbox.progress import Progress
 
@@ -190,3 +199,23 @@ def _keep_wheels(root: Path) -> None:
     built = root / "hwsb" / "cache"
     if built.is_dir():
         shutil.copytree(built, _wheel_cache(), symlinks=True, dirs_exist_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m sandbox.images.deps``: the layer into the cache before anything is
+    installed (stdlib only, like ``sandbox.images.rootfs``; the test command runs both in
+    parallel with the Kubernetes build)."""
+    argparse.ArgumentParser(
+        prog="python3 -m sandbox.images.deps", description="Build the sandbox image's "
+        "dependency layer (and the build rootfs it needs) into the project cache "
+        "(re-running is a no-op).").parse_args(argv)
+    try:
+        deps_layer(say)
+    except SandboxError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

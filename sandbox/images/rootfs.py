@@ -3,9 +3,8 @@ node image (``NODE_PACKAGES``), of the sandbox agent's image (``AGENT_PACKAGES``
 rootfs its Python dependencies are built in (``BUILD_PACKAGES``), as a tar in the project
 cache keyed by suite, mirror and package list.
 
-Standard library only (with ``sandbox.cache``, ``sandbox.commands``, ``sandbox.errors``,
-and ``sandbox.images.deps`` for the layer), so that ``python3 -m sandbox.images.rootfs``
-can build the tarballs and the dependency layer before anything is
+Standard library only (with ``sandbox.cache``, ``sandbox.commands``, ``sandbox.errors``),
+so that ``python3 -m sandbox.images.rootfs`` can build the tarballs before anything is
 installed (the test command runs it in parallel with the Kubernetes build).
 """
 
@@ -104,12 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m sandbox.images.rootfs", description="Build the Debian rootfs "
         "tarballs of the kind node and the sandbox agent images (and the agent's build "
-        "rootfs) into the project cache, then the agent image's dependency layer "
-        "(sandbox.images.deps), so that the test command has them before the kind tests "
-        "need them (re-running is a no-op).")
-    parser.add_argument("--no-deps", action="store_true",
-                        help="the rootfs tarballs only, not the dependency layer")
-    args = parser.parse_args(argv)
+        "rootfs) into the project cache (re-running is a no-op).")
+    parser.parse_args(argv)
     try:
         # the mmdebstrap runs are mostly downloads and dpkg: run them side by side
         with ThreadPoolExecutor(3) as pool:
@@ -118,10 +113,6 @@ def main(argv: list[str] | None = None) -> int:
                     pool.submit(build_rootfs, "build", BUILD_PACKAGES)]
             for job in jobs:
                 job.result()
-        if not args.no_deps:
-            from sandbox.images.deps import deps_layer  # stdlib-only as well
-
-            deps_layer(say)
     except SandboxError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
