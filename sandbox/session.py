@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,15 @@ class Session:
             known = ", ".join(self.nodes) or "none"
             raise SandboxError(f"sandbox {self.name!r} has no node {node!r} (nodes: {known})")
         return Path(info.socket)
+
+    def control(self, node: str) -> AbstractContextManager[Path]:
+        """The node's control socket as this process reaches it, for the block's length:
+        the recorded path, or a relay where the runtime reaches its nodes another way
+        (``Runtime.reach``: kind's exec transport)."""
+        from sandbox.runtimes import runtime_for
+
+        socket = self.socket(node)
+        return runtime_for(self.runtime).reach(self.state_dir, node, socket)
 
 
 def list_sessions(root: Path | None = None) -> list[Session]:

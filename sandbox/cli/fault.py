@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from sandbox.cli._transport import add_transport_option, use_transport
 from sandbox.errors import SandboxError
 from sandbox.fakehw.changes import Change, next_state
 from sandbox.fakehw.control import ControlClient
@@ -73,6 +77,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--name", help="which sandbox (default: the only one running)")
     p.add_argument("--socket", type=Path,
                    help="talk to this control socket directly (a `sandbox mount` server)")
+    add_transport_option(p)
     verbs = p.add_subparsers(dest="fault", metavar="ACTION", required=True)
 
     h = verbs.add_parser("health", help="mark a device healthy or unhealthy")
@@ -134,18 +139,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def _client(args: argparse.Namespace, node: str | None) -> ControlClient:
+@contextlib.contextmanager
+def _client(args: argparse.Namespace, node: str | None) -> Iterator[ControlClient]:
     if args.socket is not None:  # the server refuses a node it does not serve
-        return ControlClient(args.socket, node=node)
+        with ControlClient(args.socket, node=node) as client:
+            yield client
+        return
     session = find_session(args.name)
     if node is None:
         node = next(iter(session.nodes), None)
         if node is None:
             raise SandboxError(f"sandbox {session.name!r} has no nodes")
-    return ControlClient(session.socket(node))
+    with session.control(node) as sock, ControlClient(sock) as client:
+        yield client
 
 
 def run(args: argparse.Namespace) -> int:
+    use_transport(args)
     action = args.fault
     if action == "restart-kubelet":
         from sandbox.runtimes import runtime_for
@@ -223,7 +233,7 @@ def _reset(args: argparse.Namespace) -> int:
     from sandbox.profile import load_profile
 
     session = find_session(args.name)
-    sock = session.socket(args.node)  # raises naming the known nodes
+    session.socket(args.node)  # raises naming the known nodes
     spec = load_profile(session.record.profile).cluster.node(args.node)
     if spec is None:
         raise SandboxError(f"node {args.node!r} is not in the profile "
@@ -231,7 +241,7 @@ def _reset(args: argparse.Namespace) -> int:
     starts = initial_states(spec)
     vfs = {d.id: sriov.num_vfs for d in spec.devices
            if (sriov := d.nic or d.gpu) is not None and sriov.total_vfs}
-    with ControlClient(sock) as client:
+    with session.control(args.node) as sock, ControlClient(sock) as client:
         devices = client.devices()
         if args.device is not None and args.device not in devices:
             raise SandboxError(f"{args.node}: no device {args.device!r} (have "
@@ -328,17 +338,19 @@ class _Progress:
 
 
 def _list(args: argparse.Namespace) -> int:
+    nodes: dict[str, Callable[[], AbstractContextManager[Path]]]
     if args.socket is not None:
-        nodes = {args.node or "-": args.socket}
+        nodes = {args.node or "-": lambda: contextlib.nullcontext(args.socket)}
     else:
         session = find_session(args.name)
-        nodes = {n: session.socket(n) for n in session.nodes if args.node in (None, n)}
+        nodes = {n: functools.partial(session.control, n) for n in session.nodes
+                 if args.node in (None, n)}
         if args.node and not nodes:
             session.socket(args.node)  # raises with the known nodes
     rows = []
     data = {}
-    for node, sock in nodes.items():
-        with ControlClient(sock, node=None if node == "-" else node) as client:
+    for node, reach in nodes.items():
+        with reach() as sock, ControlClient(sock, node=None if node == "-" else node) as client:
             reply = client.get()
         devices = {d["id"]: d for d in reply["devices"]}
         if node == "-" and isinstance(reply.get("node"), str) and reply["node"].isprintable():

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sandbox.cli._transport import add_transport_option, use_transport
 from sandbox.draw import DeviceView, NodeView, ResourceView, svg_to_png, topology_svg
 from sandbox.errors import SandboxError
 from sandbox.outfile import check_target, write_file
@@ -74,6 +75,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--name", help="which sandbox (default: the only one running)")
+    add_transport_option(p)
     p.add_argument("-o", "--output", choices=("table", "json", "yaml", "svg", "png"),
                    default="table")
     p.add_argument("-w", "--watch", nargs="?", const=2.0, type=float, metavar="S",
@@ -335,7 +337,8 @@ def only_pod(runtime: Runtime, state_dir: Path, status: SandboxStatus, namespace
         if node.allocatable is None or socket is None:
             continue
         try:
-            node.allocations = get_pod(socket, namespace, name)
+            with runtime.reach(state_dir, node.name, socket) as reached:
+                node.allocations = get_pod(reached, namespace, name)
             found = True
         except SandboxError as exc:
             problems.append(f"{node.name}: {exc}" if len(asked) > 1 else str(exc))
@@ -377,6 +380,7 @@ def _spec(session: Session, status: SandboxStatus, needed: bool,
 
 
 def run(args: argparse.Namespace) -> int:
+    use_transport(args)
     check_picture_file(args)
     if args.watch is not None:
         if args.output not in ("table", "json"):  # (yaml: no one-line form to watch)

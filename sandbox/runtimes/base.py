@@ -26,6 +26,7 @@ import fcntl
 import os
 import stat
 import time
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -137,6 +138,12 @@ class Runtime(Protocol):
     def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
         """Where this process reaches the node's kubelet's pod-resources API (a path on
         this host); None when the runtime runs no real kubelet."""
+
+    def reach(self, state_dir: Path, node: str, socket: Path) -> AbstractContextManager[Path]:
+        """A path this process can connect to in place of ``socket``, one of the node's
+        sockets as recorded (its control socket, ``pod_resources_socket``): ``socket``
+        itself, except where a runtime reaches its nodes another way (kind's exec
+        transport, ``runtimes.kind.transport``). Use it for the block's length only."""
 
 
 def device_statuses(devices: dict[str, dict[str, Any]]) -> list[DeviceStatus]:

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -183,6 +184,9 @@ class LocalRuntime:
 
     def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
         return None  # the kubelet harness serves no pod-resources API
+
+    def reach(self, state_dir: Path, node: str, socket: Path) -> AbstractContextManager[Path]:
+        return nullcontext(socket)  # host processes: their sockets are this host's
 
 
 class _Up:

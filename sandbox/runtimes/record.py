@@ -55,6 +55,7 @@ class SandboxRecord:
     bind_mount: str | None = None
     kind_cluster: str | None = None
     network: str | None = None
+    transport: str | None = None  # how the CLI reaches node sockets: host | exec (kind/transport)
     # native
     cluster: str | None = None
     version: str | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.profile import load_profile
-from tests.kind_e2e.conftest import KindSandbox, leftovers
+from tests.kind_e2e.conftest import REPO, KindSandbox, leftovers
 from tests.support.nvidia import tree_gpu_minors
 
 NAME = "hwsb-e2e-gpu"
@@ -364,6 +365,81 @@ def test_guaranteed_pod_pinned_and_kept_across_a_kubelet_restart(gpu: KindSandbo
     assert entry() == pinned
     assert gpu.nodes()["gpu-worker"]["status"]["capacity"]["cpu"] == "64"
     gpu.kubectl("delete", "pod", "pinned", "--wait=true")
+
+
+# -- issue 25: the exec transport (Docker Desktop, a remote Docker host) -------------------
+
+def _through_exec(sb: KindSandbox, *args: str, check: bool = True,
+                  ) -> subprocess.CompletedProcess[str]:
+    """`sandbox ARGS` with the exec transport forced, in a mount namespace of its own whose
+    state dir has its node directories (the host transport's sockets, as on Docker Desktop
+    where they cannot be connected to) hidden under an empty tmpfs: only the relay through
+    each node's agent pod can answer."""
+    env = dict(sb.kenv.env, SANDBOX_TRANSPORT="exec")
+    script = 'mount -t tmpfs -o size=1m,mode=0700 hidden "$0" && exec "$@"'
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                           script, str(sb.state_dir / "nodes"), sys.executable, "-m",
+                           "sandbox", *args], cwd=REPO, env=env, text=True,
+                          capture_output=True, check=False, timeout=300)
+    if check:
+        assert proc.returncode == 0, f"sandbox {' '.join(args)} (exec): {proc.stderr}"
+    return proc
+
+
+def _status_facts(out: str) -> dict[str, object]:
+    """What `status -o json` says of gpu-worker that both transports must agree on."""
+    node = next(n for n in json.loads(out)["nodes"] if n["name"] == "gpu-worker")
+    return {"devices": node["devices"], "resources": node["resources"],
+            "allocatable": node.get("allocatable"), "allocations": node.get("allocations"),
+            "notes": node.get("notes")}
+
+
+def test_exec_transport_behaves_as_the_host_socket(gpu: KindSandbox) -> None:
+    """Forced exec transport, host sockets out of reach: status (devices from the control
+    socket, allocations from the kubelet's pod-resources API), every fault, restart-kubelet
+    and dra claims do what they do through the host's sockets."""
+    relays = set(Path("/tmp").glob("hwsb-relay-*"))
+    gpu.wait_resource("gpu-worker", GPU, (8, 8), timeout=60)
+    start = time.monotonic()
+    host = gpu.sandbox("status", "--name", NAME, "-o", "json").stdout
+    took_host = time.monotonic() - start
+    start = time.monotonic()
+    relayed = _through_exec(gpu, "status", "--name", NAME, "-o", "json").stdout
+    print(f"status: host transport {took_host:.2f}s, exec {time.monotonic() - start:.2f}s")
+    assert _status_facts(relayed) == _status_facts(host)
+    assert _status_facts(relayed)["allocatable"], relayed  # the kubelet answered too
+    # without the relay, the hidden sockets are out of reach: the namespace really hides them
+    hidden = _through_exec(gpu, "status", "--name", NAME, "--transport", "host", "-o", "json")
+    assert "not answering" in json.dumps(json.loads(hidden.stdout)), hidden.stdout
+
+    out = _through_exec(gpu, "fault", "--name", NAME, "health", "gpu-worker", "gpu1",
+                        "unhealthy", "--reason", "aer-fatal").stdout
+    assert "gpu-worker/gpu1: unhealthy (aer-fatal) [done]" in out, out
+    gpu.wait_resource("gpu-worker", GPU, (8, 7), timeout=30)
+    _through_exec(gpu, "fault", "--name", NAME, "health", "gpu-worker", "gpu1", "healthy")
+    gpu.wait_resource("gpu-worker", GPU, (8, 8), timeout=30)
+    _through_exec(gpu, "fault", "--name", NAME, "unplug", "gpu-worker", "gpu6")
+    gpu.wait_resource("gpu-worker", GPU, (7, 7), timeout=30)
+    _through_exec(gpu, "fault", "--transport", "exec", "--name", NAME, "plug", "gpu-worker",
+                  "gpu6")
+    gpu.wait_resource("gpu-worker", GPU, (8, 8), timeout=30)
+    out = _through_exec(gpu, "fault", "--name", NAME, "set-vfs", "gpu-worker", "nic0",
+                        "2").stdout
+    assert "2 VFs" in out, out
+    listed = json.loads(_through_exec(gpu, "fault", "--name", NAME, "list", "-o",
+                                      "json").stdout)
+    assert listed == json.loads(gpu.sandbox("fault", "--name", NAME, "list", "-o",
+                                            "json").stdout)
+    _through_exec(gpu, "fault", "--name", NAME, "reset", "gpu-worker", "nic0")
+    out = _through_exec(gpu, "fault", "--name", NAME, "restart-kubelet", "gpu-worker").stdout
+    assert "plugin registration(s) back after" in out, out
+    gpu.wait_resource("gpu-worker", GPU, (8, 8), timeout=120)
+    claims = _through_exec(gpu, "dra", "claims", "--name", NAME, check=False)
+    direct = gpu.sandbox("dra", "claims", "--name", NAME, check=False)
+    assert (claims.returncode, claims.stdout) == (direct.returncode, direct.stdout)
+    assert "Traceback" not in claims.stderr
+    # every relay's private directory went with its command
+    assert set(Path("/tmp").glob("hwsb-relay-*")) == relays
 
 
 def test_down_leaves_nothing(gpu: KindSandbox) -> None:

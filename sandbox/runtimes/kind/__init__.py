@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from sandbox.errors import ControlError, RuntimeBackendError, SandboxError
@@ -42,9 +43,10 @@ from sandbox.runtimes.base import (
     is_ready,
     refuse_options,
 )
-from sandbox.runtimes.kind.api import api_client, docker_client, ours
+from sandbox.runtimes.kind.api import AGENT_NAMESPACE, api_client, docker_client, ours
 from sandbox.runtimes.kind.config import NODE_LABEL
 from sandbox.runtimes.kind.host import host_facts, no_kind
+from sandbox.runtimes.kind.transport import in_agent, relayed, transport_for
 from sandbox.runtimes.kind.up import POD_RESOURCES, KindUp, steps
 from sandbox.runtimes.record import SandboxRecord, read_record
 from sandbox.runtimes.steps import run_steps, take_down
@@ -127,8 +129,14 @@ class KindRuntime:
                                                          int(alloc.get(res, 0))))
             info = replicas.get(replica) if replica else None
             if info is not None:
-                add_devices(node, Path(info.socket))
-                add_pod_resources(node, self.pod_resources_socket(state_dir, node.name))
+                try:
+                    with self.reach(state_dir, node.name, Path(info.socket)) as sock:
+                        add_devices(node, sock)
+                    pod_resources = self.pod_resources_socket(state_dir, node.name)
+                    with self.reach(state_dir, node.name, pod_resources) as sock:
+                        add_pod_resources(node, sock)
+                except SandboxError as exc:  # the exec transport found no agent to ask
+                    node.notes.append(str(exc))
             out.nodes.append(node)
         return out
 
@@ -155,10 +163,19 @@ class KindRuntime:
             raise ControlError(f"{node}: cannot list the kubelet's plugin sockets: {exc}") from exc
         return frozenset(result.output.decode(errors="replace").split())
 
-    def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
+    def pod_resources_socket(self, state_dir: Path, node: str) -> Path:
         """The node's /var/lib/kubelet/pod-resources is bind-mounted from here
         (kind-config/node.yaml); a unix socket works across a bind mount."""
         return state_dir / "nodes" / node / POD_RESOURCES / "kubelet.sock"
+
+    def reach(self, state_dir: Path, node: str, socket: Path) -> AbstractContextManager[Path]:
+        """``socket`` itself (the host transport), or a relay through the node's agent pod
+        (the exec transport: Docker Desktop, a remote Docker host; ``transport``)."""
+        record = read_record(state_dir) or SandboxRecord()
+        if transport_for(record.transport) == "host" or not record.kubeconfig:
+            return nullcontext(socket)
+        return relayed(Path(record.kubeconfig), AGENT_NAMESPACE, f"app=agent-{node}",
+                       in_agent(state_dir / "nodes" / node, socket), what=node)
 
     def kind_node_for(self, state_dir: Path, node: str) -> str:
         """The kind node (container) of profile node replica ``node``."""

@@ -28,6 +28,8 @@ KIND_TIMEOUT = 900.0  # seconds: `kind create cluster`, `kind load` of a large i
 AGENT_NAMESPACE = "hw-sandbox"
 STATE_IN_NODE = "/var/lib/hw-sandbox"  # <state>/nodes/<replica> on the host
 ROOT_IN_NODE = f"{STATE_IN_NODE}/root"
+# the kubelet's pod-resources API, also mounted in the agent pod (the exec transport)
+POD_RESOURCES_IN_NODE = "/var/lib/kubelet/pod-resources"
 SPEC_FILE = "spec.json"  # the replica's resolved spec, written there by the host
 
 
@@ -68,12 +70,18 @@ def agent_manifests(cluster: Cluster) -> list[dict[str, Any]]:
                                 {"name": "state", "mountPath": STATE_IN_NODE,
                                  "mountPropagation": "Bidirectional"},
                                 {"name": "dev", "mountPath": "/host-dev"},
+                                # the kubelet's pod-resources API, for the exec transport
+                                {"name": "pod-resources",
+                                 "mountPath": POD_RESOURCES_IN_NODE},
                             ],
                         }],
                         "volumes": [
                             {"name": "state", "hostPath": {"path": STATE_IN_NODE,
                                                            "type": "DirectoryOrCreate"}},
                             {"name": "dev", "hostPath": {"path": "/dev"}},
+                            {"name": "pod-resources",
+                             "hostPath": {"path": POD_RESOURCES_IN_NODE,
+                                          "type": "DirectoryOrCreate"}},
                         ],
                     },
                 },

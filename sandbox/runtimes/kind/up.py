@@ -46,6 +46,7 @@ from sandbox.runtimes.kind.host import (
     propagation,
     unmount,
 )
+from sandbox.runtimes.kind.transport import choose as choose_transport
 from sandbox.runtimes.record import NodeRecord, SandboxRecord, read_record, write_record
 from sandbox.runtimes.steps import Step
 
@@ -124,9 +125,12 @@ class KindUp:
                 "preflight", f"node image {image} is not present locally (docker pull it, or "
                 "build one offline with scripts/build-kind-node-image)")
         self.image = image
+        transport, why = choose_transport(self.client)
+        if transport != "host":
+            self.progress(f"node sockets through the Kubernetes API (exec transport): {why}")
         self.record = SandboxRecord(
             name=self.name, runtime="kind", profile=self.profile_path, created_at=time.time(),
-            image=image, nodes={node.name: NodeRecord(
+            image=image, transport=transport, nodes={node.name: NodeRecord(
                 root=str(self.nodes / node.name / "root"),
                 socket=str(self.nodes / node.name / "control.sock"))
                 for node in self.cluster.nodes})
@@ -256,10 +260,11 @@ class KindUp:
         while pending:
             for node in sorted(pending):
                 sock = self.nodes / node / "control.sock"
-                if not sock.exists():
+                if self.record.transport == "host" and not sock.exists():
                     continue
                 with contextlib.suppress(SandboxError, OSError):
-                    with ControlClient(sock, timeout=2) as client:
+                    with self.runtime.reach(self.state_dir, node, sock) as path, \
+                            ControlClient(path, timeout=2) as client:
                         client.devices()
                     pending.discard(node)
                     self.progress(f"{node}: fake hardware served")

@@ -47,6 +47,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from sandbox.errors import RuntimeBackendError, SandboxError
@@ -303,6 +304,9 @@ class NativeRuntime:
 
     def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
         return _recorded_kubelet_root(state_dir) / "pod-resources" / "kubelet.sock"
+
+    def reach(self, state_dir: Path, node: str, socket: Path) -> AbstractContextManager[Path]:
+        return nullcontext(socket)  # host processes: their sockets are this host's
 
     # -- status -------------------------------------------------------------------------
     def status(self, state_dir: Path) -> SandboxStatus:
