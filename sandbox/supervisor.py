@@ -22,10 +22,12 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from sandbox.errors import MountError, SpawnError
@@ -241,6 +243,55 @@ def log_tail(log: Path, lines: int = 5, *, joined: str = " | ") -> str:
     return joined.join((errors or all_lines)[-lines:]) or "no output"
 
 
+_holding: list[bool] = []  # inside a signals_held block (of the main thread)
+
+
+@contextlib.contextmanager
+def signals_held(signums: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold ``signums`` off for the block (a clean-up that must run whole: stop what was
+    started, unmount what was mounted): one that arrives meanwhile is raised again once
+    the block has ended and the handlers are back (SIGINT: KeyboardInterrupt; a SIGTERM
+    without a handler: the process ends then). In the main thread only, where Python's
+    handlers run; elsewhere, and inside an outer block, it changes nothing."""
+    if threading.current_thread() is not threading.main_thread() or _holding:
+        yield
+        return
+    caught: list[int] = []
+
+    def hold(signum: int, _frame: FrameType | None) -> None:
+        caught.append(signum)
+
+    previous = {s: signal.signal(s, hold) for s in signums}
+    _holding.append(True)
+    try:
+        yield
+    finally:
+        _holding.pop()
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the block, as Ctrl-C does, so that clean-ups
+    run (a CI job's timeout sends SIGTERM). Main thread only, where Python's handlers
+    run; elsewhere it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupted(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 def unmount_fuse(root: Path) -> None:
     """Unmount a FUSE mount (lazily when busy). MountError when neither works."""
     problems = []
@@ -257,17 +308,21 @@ def unmount_fuse(root: Path) -> None:
 
 class Child:
     """A process that stays our child (a tool under test whose exit code matters, e.g.
-    a third-party device plugin graded by ``sandbox kubelet check``); output to ``log``."""
+    a third-party device plugin graded by ``sandbox kubelet check``); output to ``log``.
+
+    ``group``: it leads a session of its own, so a terminal's Ctrl-C reaches only us (we
+    stop it, in order), and ``stop`` signals its whole process group: what it forked and
+    left running goes with it."""
 
     def __init__(self, name: str, argv: Sequence[str], log: Path, *,
-                 env: Mapping[str, str] | None = None) -> None:
-        self.name, self.log = name, log
+                 env: Mapping[str, str] | None = None, group: bool = False) -> None:
+        self.name, self.log, self.group = name, log, group
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:
             try:
                 self._popen = subprocess.Popen(
                     list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=None if env is None else dict(env))
+                    env=None if env is None else dict(env), start_new_session=group)
             except OSError as exc:
                 raise SpawnError(f"{name}: cannot start: {exc}") from exc
         self.pid = self._popen.pid
@@ -278,11 +333,25 @@ class Child:
         return self._popen.poll()
 
     def stop(self, timeout: float = 5.0) -> int:
-        """SIGTERM, SIGKILL after ``timeout``; reaped. Returns the exit code."""
+        """SIGTERM, SIGKILL after ``timeout``; reaped. Returns the exit code. With
+        ``group``, the same signals go to its process group, and what is left of the group
+        once it is gone is killed (the group's id stays taken while any member lives, so
+        it names no one else)."""
         if self._popen.poll() is None:
-            self._popen.terminate()
+            self._signal(signal.SIGTERM)
             try:
                 self._popen.wait(timeout)
             except subprocess.TimeoutExpired:
-                self._popen.kill()
-        return self._popen.wait()
+                self._signal(signal.SIGKILL)
+        code = self._popen.wait()
+        if self.group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+        return code
+
+    def _signal(self, sig: int) -> None:
+        if self.group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+        else:
+            self._popen.send_signal(sig)

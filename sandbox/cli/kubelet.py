@@ -3,7 +3,10 @@
 ``serve`` runs the harness server (``sandbox.kubelet.harness``, also ``python -m
 sandbox.kubelet``): a device manager on a device-plugins directory until SIGTERM/SIGINT,
 restarted as a kubelet restart does on SIGHUP, with a JSON status file of what it sees.
-``check`` grades a device plugin's kubelet protocol behaviour (``sandbox.kubelet.check``).
+``check`` grades a device plugin's kubelet protocol behaviour (``sandbox.kubelet.check``):
+as it is, or (``--profile``) unmodified on a profile's node served live
+(``sandbox.kubelet.livenode``, ``nodeview``); ``--junit`` writes the report for CI
+(``sandbox.kubelet.junit``).
 
 The status file's format and its reader and writer are ``sandbox.kubelet.status``.
 """
@@ -12,16 +15,44 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from sandbox import commands
 from sandbox.errors import SandboxError
-from sandbox.kubelet import check
+from sandbox.kubelet import CheckReport, check
+from sandbox.kubelet.conformance import check_program, shell_fault
 from sandbox.kubelet.harness import RESTART_SIGNALS, serve_harness
+from sandbox.kubelet.junit import junit_xml
+from sandbox.kubelet.livenode import check_on_node, pick_node, require_host
+from sandbox.outfile import check_target, write_file
+from sandbox.profile.bundled import PROFILE_HELP
+from sandbox.supervisor import sigterm_as_interrupt
 from sandbox.textui import dump
+
+CHECK_DESCRIPTION = """\
+Start PLUGIN-CMD (after --) against a fresh kubelet harness and print one line per
+check; exit 1 if any fails.
+
+Without --profile the plugin runs as it is: `{kubelet_dir}` in PLUGIN-CMD becomes the
+harness's device-plugins directory (also in KUBELET_DEVICE_PLUGIN_DIR and
+PLUGIN_SOCK_DIR), and the health-update check runs only with --fault.
+
+With --profile (root) the profile's node is served live over FUSE, and the plugin runs
+unmodified in a private mount namespace of its own where the node's tree is /sys, /dev
+(the host's null, zero, full, random and urandom kept) and /proc/driver, and the
+harness is /var/lib/kubelet/device-plugins; the check makes one advertised device
+unhealthy itself. The host's /sys, /dev and /var/lib/kubelet are never touched, and
+nothing is left after it (no mount, process or temp dir), Ctrl-C and SIGTERM included."""
+
+CHECK_EPILOG = """\
+examples:
+  sudo sandbox kubelet check --profile 8gpu-2numa --junit report.xml -- ./my-plugin
+  sandbox kubelet check --fault 'sandbox fault --socket S health gpu-worker gpu1 unhealthy' \\
+      -- python3 -m hwplugins.deviceplugin --root R --kubelet-dir {kubelet_dir}"""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,20 +93,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     c = verbs.add_parser(
         "check",
-        help="grade a device plugin: registration, ListAndWatch, Allocate, restart",
-        description="Start PLUGIN-CMD (after --) against a fresh harness and print one line "
-        "per check; exit 1 if any fails. `{kubelet_dir}` in PLUGIN-CMD is replaced by the "
-        "harness's device-plugins directory, also passed as KUBELET_DEVICE_PLUGIN_DIR and "
-        "PLUGIN_SOCK_DIR.",
-        epilog="example: sandbox kubelet check --fault 'sandbox fault --socket S health "
-        "gpu-worker gpu1 unhealthy' -- python -m hwplugins.deviceplugin --root R "
-        "--kubelet-dir {kubelet_dir}",
+        help="grade a device plugin: registration, ListAndWatch, Allocate, health, restart",
+        description=CHECK_DESCRIPTION,
+        epilog=CHECK_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    c.add_argument("--profile", metavar="PROFILE",
+                   help=f"serve this profile's node live and run the plugin on it ({PROFILE_HELP})")
+    c.add_argument("--node", metavar="NAME",
+                   help="with --profile: node (replica) name; may be omitted when it has one")
+    c.add_argument("--index", type=int, metavar="I",
+                   help="with --profile: replica index of a counted node")
     c.add_argument("--resource", help="grade this resource (default: the first registered)")
     c.add_argument(
         "--fault",
         metavar="SHELL-CMD",
-        help="command that makes a device unhealthy, for the health-update check",
+        help="command that makes a device unhealthy, for the health-update check (with "
+        "--profile it replaces the check's own fault and finds the node in "
+        "$HWSANDBOX_CONTROL_SOCKET, $HWSANDBOX_NODE)",
     )
     c.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to wait for each step (default 10)"
@@ -92,6 +127,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("-o", "--output", choices=("text", "json", "yaml"), default="text",
                    help="json/yaml: every check with its status and message, the protocol "
                    "log and the plugin's output")
+    c.add_argument("--junit", metavar="FILE", type=Path,
+                   help="also write the checks as JUnit XML for CI (one testsuite "
+                   "sandbox-kubelet-check; a regular file there is replaced)")
     c.add_argument("plugin", nargs=argparse.REMAINDER, metavar="-- PLUGIN-CMD...")
     c.set_defaults(func=run)
 
@@ -120,23 +158,27 @@ def _check(args: argparse.Namespace) -> int:
         plugin = plugin[1:]
     if not plugin:
         raise SandboxError("kubelet check: give the plugin command after --")
-    fault_cmd: str | None = args.fault
-
-    def fault() -> None:
-        assert fault_cmd is not None
-        result = commands.run(["sh", "-c", fault_cmd], check=False, timeout=None)
-        if result.returncode != 0:
-            raise SandboxError(f"--fault {fault_cmd!r} failed (exit {result.returncode}): "
-                               f"{result.stderr.strip()}")  # fmt: skip
-
-    # Plugin sockets sit beside kubelet.sock: keep the directory short (unix paths <= 105).
-    workdir = Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))
-    try:
-        report = check(plugin, workdir=workdir, resource=args.resource,
-                       fault=fault if fault_cmd else None, timeout=args.timeout,
-                       restart_within=args.restart_within)  # fmt: skip
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    check_program(plugin[0])
+    if args.junit is not None:
+        check_target(args.junit, force=True)  # a bad name fails before anything runs
+    spec = None
+    if args.profile is not None:
+        spec = pick_node(args.profile, args.node, args.index)  # its errors come first
+        require_host()
+    elif args.node is not None or args.index is not None:
+        raise SandboxError("--node and --index go with --profile")
+    started = time.time()
+    with sigterm_as_interrupt():  # a CI job's timeout cleans up as Ctrl-C does
+        if spec is not None:
+            report = check_on_node(plugin, spec, fault_cmd=args.fault, resource=args.resource,
+                                   timeout=args.timeout, restart_within=args.restart_within)
+        else:
+            report = _check_in_dir(args, plugin)
+    if args.junit is not None:
+        props = {"plugin": shlex.join(plugin)}
+        if spec is not None:
+            props |= {"profile": args.profile, "node": spec.name}
+        write_file(args.junit, junit_xml(report, props, started=started), force=True)
     if args.output != "text":
         dump({"passed": report.passed,
               "checks": [dataclasses.asdict(r) for r in report.results],
@@ -155,3 +197,14 @@ def _check(args: argparse.Namespace) -> int:
           f"({failed} of {len(report.results)} checks failed)")  # fmt: skip
     sys.stdout.flush()
     return 0 if report.passed else 1
+
+
+def _check_in_dir(args: argparse.Namespace, plugin: list[str]) -> CheckReport:
+    # Plugin sockets sit beside kubelet.sock: keep the directory short (unix paths <= 105).
+    workdir = Path(tempfile.mkdtemp(prefix="kc-", dir="/tmp"))
+    try:
+        return check(plugin, workdir=workdir, resource=args.resource,
+                     fault=shell_fault(args.fault) if args.fault else None,
+                     timeout=args.timeout, restart_within=args.restart_within)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

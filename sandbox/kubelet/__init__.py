@@ -6,6 +6,10 @@ resources      what it shows: resources, devices, health, allocations, events (v
 topology       NUMA hints, policy merge and device choice (pure)
 pluginwatcher  plugins_registry: GetInfo / NotifyRegistrationStatus; DRA prepare calls
 conformance    check(plugin_cmd): grade a plugin's kubelet protocol behaviour
+livenode       check_on_node: a stock plugin graded on a profile's node served live
+nodeview       the plugin's mount namespace: the tree at /sys, /dev, /proc/driver, the
+               harness at /var/lib/kubelet/device-plugins
+junit          a check's report as JUnit XML
 """
 
 from sandbox.errors import AllocationError, KubeletError, TopologyAffinityError

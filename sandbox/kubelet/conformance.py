@@ -2,7 +2,10 @@
 
 The plugin command is started with the device-plugins directory in its arguments
 (``{kubelet_dir}`` is replaced) and in the environment (``KUBELET_DEVICE_PLUGIN_DIR``,
-and ``PLUGIN_SOCK_DIR`` as the Kubernetes sample plugin reads). Checks, in order:
+and ``PLUGIN_SOCK_DIR`` as the Kubernetes sample plugin reads): the harness's own
+(``WORKDIR/device-plugins``), or, for a plugin started through a ``prefix`` that shows
+that directory elsewhere (``sandbox.kubelet.nodeview``: at the stock
+/var/lib/kubelet/device-plugins), the ``plugin_dir`` it sees. Checks, in order:
 
     registers               a Register arrives
     serves-before-register  the endpoint accepted connections when Register arrived
@@ -10,7 +13,8 @@ and ``PLUGIN_SOCK_DIR`` as the Kubernetes sample plugin reads). Checks, in order
     options                 GetDevicePluginOptions answers as the RegisterRequest said
     list-and-watch          a first device list arrives, health strings valid
     allocate                one device: Allocate (+ PreStartContainer when required)
-    health-update           after ``fault()``, a new ListAndWatch message arrives
+    health-update           after ``fault(ids)`` makes one of the advertised devices
+                            unhealthy, a new ListAndWatch message arrives
     restart                 after a kubelet restart, re-registered within ``restart_within``
     still-running           the plugin process survived all of it
 """
@@ -18,17 +22,20 @@ and ``PLUGIN_SOCK_DIR`` as the Kubernetes sample plugin reads). Checks, in order
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox import commands
 from sandbox.errors import KubeletError, SandboxError
 from sandbox.kubelet.devicemanager import HEALTHY, UNHEALTHY, DeviceManager, Event
-from sandbox.supervisor import Child
+from sandbox.supervisor import Child, signals_held
 
 PASS, FAIL, NOT_RUN = "pass", "fail", "not-run"
+DIR_NAME = "device-plugins"  # the harness's directory in the work dir
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,21 @@ class CheckResult:
     name: str
     status: str  # pass | fail | not-run
     message: str = ""
+    seconds: float = 0.0  # how long the check took
+
+
+@dataclass(frozen=True)
+class FaultResult:
+    """What a fault injector did: ``injected`` False says why it could not (the
+    health-update check is then not run, with ``message`` as its reason)."""
+
+    injected: bool
+    message: str = ""
+
+
+# The health-update check's fault injector: given the graded resource's healthy device ids
+# as the plugin advertised them, it makes one of them unhealthy (or says why it cannot).
+Fault = Callable[[Sequence[str]], FaultResult]
 
 
 @dataclass(frozen=True)
@@ -61,13 +83,18 @@ class _Run:
     def __init__(self, dm: DeviceManager) -> None:
         self.dm = dm
         self.results: list[CheckResult] = []
+        self.mark = time.monotonic()
 
     def add(self, name: str, ok: bool, message: str) -> bool:
-        self.results.append(CheckResult(name, PASS if ok else FAIL, message))
+        now = time.monotonic()
+        self.results.append(CheckResult(name, PASS if ok else FAIL, message,
+                                        round(now - self.mark, 3)))
+        self.mark = now
         return ok
 
     def skip(self, names: Sequence[str], why: str) -> None:
         self.results += [CheckResult(n, NOT_RUN, why) for n in names]
+        self.mark = time.monotonic()
 
 
 def check(
@@ -76,36 +103,43 @@ def check(
     workdir: Path | None = None,
     env: Mapping[str, str] | None = None,
     resource: str | None = None,
-    fault: Callable[[], None] | None = None,
+    fault: Fault | None = None,
     timeout: float = 10.0,
     restart_within: float = 5.0,
     dial_timeout: float = 3.0,
+    prefix: Sequence[str] = (),
+    plugin_dir: str | None = None,
 ) -> CheckReport:
-    """Start ``plugin_cmd``, put it through the checks above, stop it, report."""
+    """Start ``plugin_cmd`` (after ``prefix``, e.g. a mount namespace's wrapper), put it
+    through the checks above, stop it (and its process group), report. ``plugin_dir``:
+    where the plugin sees the harness's directory (default: where it is)."""
     base = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="dp-check-"))
-    kubelet_dir = base / "device-plugins"
+    kubelet_dir = base / DIR_NAME
+    seen = plugin_dir if plugin_dir is not None else str(kubelet_dir)
     dm = DeviceManager(kubelet_dir, dial_timeout=dial_timeout)
-    dm.start()
-    argv = [a.format(kubelet_dir=kubelet_dir) for a in plugin_cmd]
+    argv = [*prefix, *(a.format(kubelet_dir=seen) for a in plugin_cmd)]
     proc_env = {
         **os.environ,
-        "KUBELET_DEVICE_PLUGIN_DIR": str(kubelet_dir),
-        "PLUGIN_SOCK_DIR": str(kubelet_dir) + "/",
+        "KUBELET_DEVICE_PLUGIN_DIR": seen,
+        "PLUGIN_SOCK_DIR": seen.rstrip("/") + "/",
         **(env or {}),
     }
     log_path = base / "plugin.log"
     run = _Run(dm)
     log_path.unlink(missing_ok=True)
+    proc: Child | None = None
     try:
-        proc = Child("plugin", argv, log_path, env=proc_env)
-    except SandboxError:
-        dm.stop()
-        raise
-    try:
+        dm.start()
+        with signals_held():  # started and known as one: a Ctrl-C cannot lose it
+            proc = Child("plugin", argv, log_path, env=proc_env, group=True)
         _checks(run, proc, resource, fault, timeout, restart_within)
     finally:
-        proc.stop()
-        dm.stop()
+        with signals_held():
+            try:
+                if proc is not None:
+                    proc.stop()
+            finally:
+                dm.stop()
     return CheckReport(tuple(run.results), tuple(dm.events), log_path.read_text(errors="replace"))
 
 
@@ -113,7 +147,7 @@ def _checks(
     run: _Run,
     proc: Child,
     resource: str | None,
-    fault: Callable[[], None] | None,
+    fault: Fault | None,
     timeout: float,
     restart_within: float,
 ) -> None:
@@ -205,21 +239,7 @@ def _checks(
         dm.release(alloc)
     except KubeletError as exc:
         run.add("allocate", False, str(exc))
-    if fault is None:
-        run.skip(["health-update"], "no fault injector given")
-    else:
-        before = len(dm.events_of("devices", name))
-        started = time.monotonic()
-        fault()
-        got = _wait_count(dm, "devices", name, before + 1, timeout)
-        run.add(
-            "health-update",
-            got,
-            f"new device list {time.monotonic() - started:.2f}s after the fault, now "
-            f"{dm.snapshot().allocatable(name)} healthy"
-            if got
-            else f"no ListAndWatch update within {timeout}s of the fault",
-        )
+    _health_update(run, name, fault, timeout)
     started = time.monotonic()
     dm.restart()
     try:
@@ -234,6 +254,57 @@ def _checks(
         )
     alive = proc.returncode is None
     run.add("still-running", alive, "running" if alive else f"exited with {proc.returncode}")
+
+
+def check_program(program: str) -> None:
+    """SandboxError, one line, when the plugin's program is not there to run."""
+    if "/" in program:
+        if not os.path.isfile(program):
+            raise SandboxError(f"kubelet check: {program}: no such file")
+        if not os.access(program, os.X_OK):
+            raise SandboxError(f"kubelet check: {program}: not executable")
+    elif shutil.which(program) is None:
+        raise SandboxError(f"kubelet check: {program}: command not found")
+
+
+def shell_fault(command: str, env: Mapping[str, str] | None = None) -> Fault:
+    """``--fault``: a shell command (``env`` added to its environment) that makes a device
+    unhealthy by itself; a non-zero exit is a SandboxError with what it said."""
+
+    def fault(_advertised: Sequence[str]) -> FaultResult:
+        result = commands.run(["sh", "-c", command], check=False, timeout=None,
+                              env={**os.environ, **env} if env else None)
+        if result.returncode != 0:
+            raise SandboxError(f"--fault {command!r} failed (exit {result.returncode}): "
+                               f"{result.stderr.strip()}")
+        return FaultResult(True)
+
+    return fault
+
+
+def _health_update(run: _Run, name: str, fault: Fault | None, timeout: float) -> None:
+    dm = run.dm
+    if fault is None:
+        run.skip(["health-update"], "no fault injector given (--fault, or --profile)")
+        return
+    state = dm.snapshot().resources.get(name)
+    healthy = [d.id for d in state.devices if d.health == HEALTHY] if state else []
+    before = len(dm.events_of("devices", name))
+    started = time.monotonic()
+    done = fault(healthy)
+    if not done.injected:
+        run.skip(["health-update"], done.message)
+        return
+    got = _wait_count(dm, "devices", name, before + 1, timeout)
+    what = f"{done.message}: " if done.message else ""
+    run.add(
+        "health-update",
+        got,
+        f"{what}new device list {time.monotonic() - started:.2f}s after the fault, now "
+        f"{dm.snapshot().allocatable(name)} healthy"
+        if got
+        else f"{what}no ListAndWatch update within {timeout}s of the fault",
+    )
 
 
 def _wait_event(

@@ -12,7 +12,7 @@ import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ from sandbox.kubelet import (
     check,
     is_extended_resource_name,
 )
+from sandbox.kubelet.conformance import FaultResult
 from sandbox.kubelet.topology import admit, device_hints
 from tests.support.sysfs_fixture import set_aer_fatal, write_nvidia_tree
 
@@ -176,10 +177,17 @@ def test_no_numa_info_means_no_preference() -> None:
 
 def test_check_passes_for_the_reference_plugin(tmp_path: Path, sockdir: Path) -> None:
     gpus = write_nvidia_tree(tmp_path / "root", gpus=4)
+    advertised: list[Sequence[str]] = []
+
+    def fault(ids: Sequence[str]) -> FaultResult:
+        advertised.append(ids)
+        set_aer_fatal(gpus[0], 3)
+        return FaultResult(True, "gpu0 AER fatal")
+
     report = check(
         [*PLUGIN, "--root", str(tmp_path / "root"), "--kubelet-dir", "{kubelet_dir}"],
         workdir=sockdir,
-        fault=lambda: set_aer_fatal(gpus[0], 3),
+        fault=fault,
         restart_within=2,
     )
     assert report.passed, f"{report}\n--- plugin output ---\n{report.plugin_output}"
@@ -189,6 +197,9 @@ def test_check_passes_for_the_reference_plugin(tmp_path: Path, sockdir: Path) ->
                      "list-and-watch", "allocate", "health-update", "restart", "still-running")
     }  # fmt: skip
     assert "3 healthy" in report.result("health-update").message
+    assert report.result("health-update").message.startswith("gpu0 AER fatal: new device list")
+    assert len(advertised) == 1
+    assert len(advertised[0]) == 4
 
 
 BROKEN_PLUGIN = textwrap.dedent(
