@@ -26,6 +26,7 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -137,6 +138,12 @@ class Runtime(Protocol):
     def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
         """Where this process reaches the node's kubelet's pod-resources API (a path on
         this host); None when the runtime runs no real kubelet."""
+
+    def load_images(self, state_dir: Path, images: Sequence[str], archives: Sequence[Path],
+                    progress: Progress) -> None:
+        """Put local Docker ``images`` and image ``archives`` (``docker save`` or OCI
+        layout tars) into the nodes' container runtime, one progress line each, so pods
+        run them without a registry; SandboxError where the runtime runs no containers."""
 
 
 def device_statuses(devices: dict[str, dict[str, Any]]) -> list[DeviceStatus]:

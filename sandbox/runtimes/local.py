@@ -184,6 +184,13 @@ class LocalRuntime:
     def pod_resources_socket(self, state_dir: Path, node: str) -> Path | None:
         return None  # the kubelet harness serves no pod-resources API
 
+    def load_images(self, state_dir: Path, images: Sequence[str], archives: Sequence[Path],
+                    progress: Progress) -> None:
+        raise SandboxError(
+            f"sandbox {state_dir.name!r} runs the local runtime, which runs no containers "
+            "(its device plugin and kubelet harness are host processes): there is nothing "
+            "to load an image into; bring one up with --runtime kind or --runtime native")
+
 
 class _Up:
     """One ``up``: the steps' ``do``s. Every node's harness starts first (no
