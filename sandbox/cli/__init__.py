@@ -60,6 +60,7 @@ VERBS = {
     "kubelet": "a kubelet stand-in: serve, or check a device plugin's protocol",
     "dra": "what the reference DRA driver would publish",
     "plugins": "bundled device plugin and DRA driver manifests",
+    "load": "put local images into a sandbox's nodes (kind, native)",
     "completion": "print a shell completion script (bash, zsh, fish)",
 }
 

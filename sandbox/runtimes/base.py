@@ -26,6 +26,7 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -144,6 +145,12 @@ class Runtime(Protocol):
         sockets as recorded (its control socket, ``pod_resources_socket``): ``socket``
         itself, except where a runtime reaches its nodes another way (kind's exec
         transport, ``runtimes.kind.transport``). Use it for the block's length only."""
+
+    def load_images(self, state_dir: Path, images: Sequence[str], archives: Sequence[Path],
+                    progress: Progress) -> None:
+        """Put local Docker ``images`` and image ``archives`` (``docker save`` or OCI
+        layout tars) into the nodes' container runtime, one progress line each, so pods
+        run them without a registry; SandboxError where the runtime runs no containers."""
 
 
 def device_statuses(devices: dict[str, dict[str, Any]]) -> list[DeviceStatus]:

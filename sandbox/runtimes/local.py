@@ -188,6 +188,13 @@ class LocalRuntime:
     def reach(self, state_dir: Path, node: str, socket: Path) -> AbstractContextManager[Path]:
         return nullcontext(socket)  # host processes: their sockets are this host's
 
+    def load_images(self, state_dir: Path, images: Sequence[str], archives: Sequence[Path],
+                    progress: Progress) -> None:
+        raise SandboxError(
+            f"sandbox {state_dir.name!r} runs the local runtime, which runs no containers "
+            "(its device plugin and kubelet harness are host processes): there is nothing "
+            "to load an image into; bring one up with --runtime kind or --runtime native")
+
 
 class _Up:
     """One ``up``: the steps' ``do``s. Every node's harness starts first (no

@@ -192,8 +192,8 @@ def test_a_bad_profile_on_stdin_stops_up_before_anything(state_root: Path) -> No
 
 def test_the_wheel_carries_the_profiles(tmp_path: Path) -> None:
     """Built as a user's ``pip install`` builds it and installed with its dependencies into
-    a fresh virtualenv outside the checkout: the bundled profiles are there, and that
-    virtualenv's ``sandbox up 8gpu-2numa`` (local runtime) works."""
+    a fresh virtualenv outside the checkout: the bundled profiles and plugin templates are
+    there, and that virtualenv's ``sandbox up 8gpu-2numa`` (local runtime) works."""
     require_fuse()
     venv = tmp_path / "venv"
     wheel = build_wheel(tmp_path)
@@ -224,6 +224,12 @@ def test_the_wheel_carries_the_profiles(tmp_path: Path) -> None:
         assert [p["name"] for p in listed] == BUNDLED
         assert all(p["file"].startswith(str(Path(site).parent / "data" / "profiles"))
                    for p in listed)
+        # the plugin templates are package data too (sandbox.data.manifests)
+        for extra in ((), ("--dra",)):
+            template = run("plugins", "template", "--image", "acme/my-plugin:v1", *extra)
+            assert template.returncode == 0, template.stderr
+            assert "daemonset" in template.stdout.lower()
+            assert "name: my-plugin" in template.stdout
         up = run("up", "8gpu-2numa")
         assert up.returncode == 0, up.stderr
         assert "is up (local runtime" in up.stdout

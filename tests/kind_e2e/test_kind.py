@@ -4,7 +4,9 @@ pod gets exactly what it asked for, faults reach the node, `down` leaves nothing
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -99,6 +101,117 @@ def test_node_device_nodes_are_stand_ins(gpu: KindSandbox) -> None:
         assert (kind, numbers) == ("character special file", "1:3"), name
         assert int(mode, 8) & ~0o660 == 0, (name, mode)
         assert uid == "0", (name, uid)
+
+
+PLUGIN_IMAGE = "hwsb.test/my-plugin:v1"  # a domain of its own: no docker.io/ prefix
+ARCHIVE_IMAGE = "hwsb.test/my-plugin:archive"
+PLUGIN_SCRIPT = (  # what a plugin reads, printed as key=value
+    'echo "devnodes=$(ls -d /dev/nvidia[0-9]* | wc -l)"; '
+    'echo "nvidia_functions=$(grep -l 0x10de /sys/bus/pci/devices/*/vendor | wc -l)"; '
+    'echo "tree_numbers=$(stat -c %t:%T /hw-sandbox/root/dev/nvidia0)"; '
+    'echo "proc_driver=$(head -1 /hw-sandbox/root/proc/driver/nvidia/version)"; '
+    'echo "kubelet_sock=$(ls /var/lib/kubelet/device-plugins/kubelet.sock)"; '
+    "echo ready; exec sleep 3600")
+
+
+def _busybox_rootfs(dest: Path) -> Path:
+    """A rootfs tarball of Debian's static busybox (`docker import` makes an image of it):
+    a plugin author's image, built here from local files (there is no registry)."""
+    from sandbox.images.pause import BUSYBOX
+    from sandbox.images.tarfiles import layer_tar
+
+    if not BUSYBOX.is_file():
+        pytest.fail(f"{BUSYBOX} missing: apt-get install busybox-static (scripts/build-k8s)")
+    applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    dest.write_bytes(layer_tar({"/bin/busybox": BUSYBOX}, {"/bin/busybox"},
+                               symlinks={f"/bin/{a}": "busybox" for a in applets
+                                         if a != "busybox"},
+                               dirs={"/tmp", "/dev", "/proc", "/sys", "/var/lib/kubelet"}))
+    return dest
+
+
+def test_plugin_image_loaded_and_run_from_the_template(gpu: KindSandbox,
+                                                       tmp_path: Path) -> None:
+    """Issue 25: a plugin author's image, never in a registry: `sandbox load` puts it (a
+    Docker image; an OCI archive) into the nodes, and the DaemonSet of `sandbox plugins
+    template`, deployed with `sandbox plugins deploy FILE`, runs it on the GPU node with
+    the fake /sys at /sys, the node's stand-in /dev/nvidiaN at /dev, the whole tree at
+    /hw-sandbox/root and the kubelet's socket dir; a fault shows inside it live."""
+    from sandbox.images.pause import busybox_image
+
+    env = gpu.kenv.env
+    subprocess.run(["docker", "import", "--change", 'CMD ["sh"]',
+                    str(_busybox_rootfs(tmp_path / "rootfs.tar")), PLUGIN_IMAGE],
+                   check=True, capture_output=True, env=env, timeout=300)
+    try:
+        loaded = gpu.sandbox("load", PLUGIN_IMAGE, "--name", NAME)
+        assert f"loading {PLUGIN_IMAGE} into kind cluster {NAME}" in loaded.stderr, \
+            loaded.stderr
+        archive = busybox_image(tmp_path, ARCHIVE_IMAGE)
+        loaded = gpu.sandbox("load", "--archive", str(archive), "--name", NAME)
+        assert f"loading {archive} into kind cluster {NAME}" in loaded.stderr, loaded.stderr
+    finally:
+        subprocess.run(["docker", "rmi", PLUGIN_IMAGE], capture_output=True, env=env,
+                       check=False, timeout=120)
+    # the archive's image runs as it was loaded (imagePullPolicy Never: no registry asked)
+    out = gpu.run_pod({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "from-archive"},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "c", "image": ARCHIVE_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", "echo loaded-from-archive"]}]},
+    })
+    assert "loaded-from-archive" in out, out
+    gpu.kubectl("delete", "pod", "from-archive", "--wait=true")
+
+    manifest = tmp_path / "my-plugin.yaml"
+    gpu.sandbox("plugins", "template", "--image", PLUGIN_IMAGE, "--command", "/bin/sh -c",
+                f"--args={shlex.quote(PLUGIN_SCRIPT)}", "-o", str(manifest))
+    gpu.sandbox("plugins", "deploy", str(manifest), "--name", NAME)
+    ds = ("-n", "kube-system", "daemonset/my-plugin")
+    faulted = False
+    try:
+        gpu.wait_for("the plugin pod says ready", lambda: "ready" in gpu.kubectl(
+            "logs", *ds, check=False).split(), timeout=180, interval=1)
+        said = dict(line.split("=", 1) for line in gpu.kubectl("logs", *ds).splitlines()
+                    if "=" in line)
+        pods = json.loads(gpu.kubectl("-n", "kube-system", "get", "pods", "-l",
+                                      "app.kubernetes.io/name=my-plugin", "-o", "json"))["items"]
+        # only the node the sandbox serves (hwsandbox.dev/node), not the control plane
+        assert [p["spec"]["nodeName"] for p in pods] == \
+            [gpu.nodes()["gpu-worker"]["metadata"]["name"]], pods
+        root = gpu.state_dir / "nodes" / "gpu-worker" / "root"  # the same tree, on the host
+        nvidia = [v for v in (root / "sys/bus/pci/devices").glob("*/vendor")
+                  if v.read_text().strip() == "0x10de"]
+        st = (root / "dev" / "nvidia0").stat()
+        assert said == {
+            "devnodes": "8",
+            "nvidia_functions": str(len(nvidia)),
+            "tree_numbers": f"{os.major(st.st_rdev):x}:{os.minor(st.st_rdev):x}",
+            "proc_driver": (root / "proc/driver/nvidia/version").read_text().splitlines()[0],
+            "kubelet_sock": "/var/lib/kubelet/device-plugins/kubelet.sock",
+        }, said
+        assert len(nvidia) >= 8, nvidia
+        # a fault reaches the running pod's /sys (HostToContainer propagation of the tree)
+        bdf = next(d["pci_address"] for n in json.loads(gpu.sandbox(
+            "status", "--name", NAME, "-o", "json").stdout)["nodes"]
+            if n["name"] == "gpu-worker" for d in n["devices"] if d["id"] == "gpu2")
+        aer = f"/sys/bus/pci/devices/{bdf}/aer_dev_fatal"
+        before = gpu.kubectl("exec", *ds, "--", "cat", aer)
+        assert before == (root / aer.removeprefix("/")).read_text()
+        gpu.sandbox("fault", "--name", NAME, "health", "gpu-worker", "gpu2", "unhealthy",
+                    "--reason", "aer-fatal")
+        faulted = True
+        gpu.wait_for("the pod reads the fault's AER counters", lambda: gpu.kubectl(
+            "exec", *ds, "--", "cat", aer) != before, timeout=30)
+        assert gpu.kubectl("exec", *ds, "--", "cat", aer) == \
+            (root / aer.removeprefix("/")).read_text()
+    finally:
+        if faulted:
+            gpu.sandbox("fault", "--name", NAME, "health", "gpu-worker", "gpu2", "healthy",
+                        check=False)
+        gpu.kubectl("delete", *ds, "--wait=true", check=False)
+    gpu.wait_resource("gpu-worker", GPU, (8, 8), timeout=30)  # as the next tests expect
 
 
 def test_status_table_json_svg(gpu: KindSandbox, tmp_path: Path) -> None:

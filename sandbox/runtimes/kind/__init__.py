@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+from sandbox.commands import run
 from sandbox.errors import ControlError, RuntimeBackendError, SandboxError
 from sandbox.images.node import NODE_IMAGE
 from sandbox.profile.spec import Cluster
@@ -43,7 +44,7 @@ from sandbox.runtimes.base import (
     is_ready,
     refuse_options,
 )
-from sandbox.runtimes.kind.api import AGENT_NAMESPACE, api_client, docker_client, ours
+from sandbox.runtimes.kind.api import AGENT_NAMESPACE, KIND_TIMEOUT, api_client, docker_client, ours
 from sandbox.runtimes.kind.config import NODE_LABEL
 from sandbox.runtimes.kind.host import host_facts, no_kind
 from sandbox.runtimes.kind.transport import in_agent, relayed, transport_for
@@ -176,6 +177,21 @@ class KindRuntime:
             return nullcontext(socket)
         return relayed(Path(record.kubeconfig), AGENT_NAMESPACE, f"app=agent-{node}",
                        in_agent(state_dir / "nodes" / node, socket), what=node)
+
+    def load_images(self, state_dir: Path, images: Sequence[str], archives: Sequence[Path],
+                    progress: Progress) -> None:
+        """``kind load docker-image`` / ``image-archive`` into every node of the cluster."""
+        record = read_record(state_dir) or SandboxRecord()
+        cluster = record.kind_cluster
+        if not cluster:
+            raise SandboxError(f"sandbox {state_dir.name!r} has no kind cluster recorded")
+        if shutil.which("kind") is None:
+            raise SandboxError(no_kind())
+        for what, sub in [*((i, "docker-image") for i in images),
+                          *((str(a), "image-archive") for a in archives)]:
+            progress(f"loading {what} into kind cluster {cluster}")
+            run(["kind", "load", sub, what, "--name", cluster], timeout=KIND_TIMEOUT,
+                step=f"load {what}")
 
     def kind_node_for(self, state_dir: Path, node: str) -> str:
         """The kind node (container) of profile node replica ``node``."""

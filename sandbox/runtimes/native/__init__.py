@@ -46,10 +46,12 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+from sandbox.commands import run
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.images.pause import BUSYBOX
 from sandbox.profile.spec import Cluster
@@ -307,6 +309,30 @@ class NativeRuntime:
 
     def reach(self, state_dir: Path, node: str, socket: Path) -> AbstractContextManager[Path]:
         return nullcontext(socket)  # host processes: their sockets are this host's
+
+    # -- images -------------------------------------------------------------------------
+    def load_images(self, state_dir: Path, images: Sequence[str], archives: Sequence[Path],
+                    progress: Progress) -> None:
+        """``ctr images import`` into the node's containerd, namespace k8s.io (the CRI's);
+        a Docker image is saved to a tar in the state dir first (``docker save``)."""
+        layout = Layout(state_dir)
+        if not layout.containerd_sock.is_socket():
+            raise SandboxError(f"sandbox {state_dir.name!r}: its containerd is not running "
+                               f"(no {layout.containerd_sock}); is the sandbox up?")
+        if images and shutil.which("docker") is None:
+            raise SandboxError("loading a Docker image needs the docker CLI and daemon; "
+                               "without them, give an image archive: --archive FILE.tar")
+        importing = [*ctr(layout), "images", "import"]
+        for archive in archives:
+            progress(f"loading {archive} into the node's containerd")
+            run([*importing, str(archive)], timeout=None, step=f"load {archive}")
+        for image in images:
+            progress(f"loading {image} into the node's containerd (docker save, ctr import)")
+            with tempfile.TemporaryDirectory(prefix="load-", dir=state_dir) as tmp:
+                tar = Path(tmp) / "image.tar"
+                run(["docker", "save", "-o", str(tar), image], timeout=None,
+                    step=f"load {image}")
+                run([*importing, str(tar)], timeout=None, step=f"load {image}")
 
     # -- status -------------------------------------------------------------------------
     def status(self, state_dir: Path) -> SandboxStatus:
