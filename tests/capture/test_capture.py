@@ -157,8 +157,10 @@ def snapshot(root: Path) -> dict[str, tuple[str, object]]:
                 out[rel] = ("link", os.readlink(p))
             elif stat.S_ISDIR(st.st_mode):
                 out[rel] = ("dir", st.st_mode)
-            else:
+            elif os.access(p, os.R_OK):
                 out[rel] = ("file", (st.st_mode, p.read_bytes()))
+            else:  # write-only (`unbind`, 0200) as a user: its mode says all there is
+                out[rel] = ("file", (st.st_mode, None))
     return out
 
 
