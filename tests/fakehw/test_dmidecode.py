@@ -35,7 +35,6 @@ CASES = [
     for node in load_profile(path).cluster.nodes
 ]
 UNITS = {"bytes": 1, "kB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40}
-_roots: dict[tuple[Path, str], tuple[NodeSpec, Path]] = {}
 
 
 def need(tool: str) -> str:
@@ -58,19 +57,6 @@ def in_tree(root: Path, *argv: str) -> str:
                     f"{proc.stderr}{proc.stdout[-2000:]}")
     return proc.stdout
 
-
-@pytest.fixture
-def rendered(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-             ) -> tuple[NodeSpec, Path]:
-    path, name = request.param
-    key = (path, name)
-    if key not in _roots:
-        node = load_profile(path).cluster.node(name)
-        assert node is not None
-        root = tmp_path_factory.mktemp(f"{path.stem}-{name}")
-        render(build_tree(node), root, force=True)
-        _roots[key] = (node, root)
-    return _roots[key]
 
 
 # -- dmidecode --------------------------------------------------------------------------

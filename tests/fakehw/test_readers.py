@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.builder._gpu import drm_minors
-from sandbox.fakehw.render import render
 from sandbox.profile import load_profile
 from sandbox.profile.cpulist import format_cpulist
 from sandbox.profile.spec import NodeSpec
@@ -36,21 +34,7 @@ CASES = [
     for path in PROFILES
     for node in load_profile(path).cluster.nodes
 ]
-_roots: dict[tuple[Path, str], tuple[NodeSpec, Path]] = {}
 
-
-@pytest.fixture
-def rendered(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-             ) -> tuple[NodeSpec, Path]:
-    path, name = request.param
-    key = (path, name)
-    if key not in _roots:
-        node = load_profile(path).cluster.node(name)
-        assert node is not None
-        root = tmp_path_factory.mktemp(f"{path.stem}-{name}")
-        render(build_tree(node), root, force=True)
-        _roots[key] = (node, root)
-    return _roots[key]
 
 
 @dataclass(frozen=True)
