@@ -48,8 +48,14 @@ from sandbox.images.tarfiles import layer_tar
 from sandbox.progress import Progress
 
 SITE = "opt/hw-sandbox/site"
-_SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-_PYFUSE3 = ("build-pyfuse3", "pyfuse3-hwsandbox.patch")  # in a checkout's scripts/
+_CHECKOUT = Path(__file__).resolve().parents[2]
+_PYFUSE3 = ("build-pyfuse3", "pyfuse3-hwsandbox.patch")
+# our pyfuse3 patch and its build script: a checkout's scripts/, else the copies an
+# installed sandbox ships (package data sandbox.data.pyfuse3); the same files either way,
+# so the layer's key is the same from a checkout and from an install
+_SCRIPTS = next((d for d in (_CHECKOUT / "scripts",
+                             Path(__file__).resolve().parents[1] / "data" / "pyfuse3")
+                 if all((d / name).is_file() for name in _PYFUSE3)), _CHECKOUT / "scripts")
 
 # Parts of the dependencies nothing in the image imports, left out of the layer: the
 # kubernetes client's asyncio copy (40 MB of its 74; `import kubernetes` never loads it)
@@ -88,7 +94,7 @@ def requirements() -> list[str]:
     """The project's runtime dependencies (no extras), as pip requirement strings: from
     pyproject.toml in a checkout (nothing need be installed: the test command builds the
     layer before it installs the project), else from the installed distribution."""
-    pyproject = _SCRIPTS.parent / "pyproject.toml"
+    pyproject = _CHECKOUT / "pyproject.toml"
     if pyproject.is_file():
         return sorted(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
     reqs = metadata.requires("hw-sandbox") or []
@@ -101,8 +107,8 @@ def _left_out(relative: str) -> bool:
 
 
 def _patched() -> bool:
-    """In a checkout: pyfuse3 is built with our patch (outside one, from PyPI's sdist, so
-    the agent serves without the fast no-open mode and says so, once)."""
+    """pyfuse3 is built with our patch (without the files, from PyPI's sdist, so the agent
+    serves without the fast no-open mode and says so, once)."""
     return all((_SCRIPTS / name).is_file() for name in _PYFUSE3)
 
 
