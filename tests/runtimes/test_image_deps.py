@@ -10,8 +10,6 @@ project cache; the build rootfs and the patched pyfuse3 wheel are taken from it 
 
 from __future__ import annotations
 
-import hashlib
-import os
 import shutil
 import subprocess
 import tarfile
@@ -24,11 +22,11 @@ from sandbox.images.deps import SITE, layer_path
 from sandbox.images.rootfs import (
     AGENT_PACKAGES,
     BUILD_PACKAGES,
-    MIRROR,
     PYTHON,
     build_rootfs,
 )
 from tests.support.paths import REPO
+from tests.support.trixie import host_ca, need_root_tools, trixie_rootfs, unpack
 
 pytestmark = [pytest.mark.root, pytest.mark.network]
 
@@ -43,36 +41,6 @@ ENTER = ('set -e; mount -t proc proc "$1/proc"; '
          'root="$1"; shift 2; exec chroot "$root" "$@"')
 
 
-def _need_root_tools() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("building image layers needs root (mmdebstrap, chroot)", pytrace=False)
-    if shutil.which("mmdebstrap") is None:
-        pytest.fail("mmdebstrap is needed to make the Debian chroots: apt-get install "
-                    "mmdebstrap", pytrace=False)
-
-
-def _trixie_rootfs() -> Path:
-    """Debian 13 minbase with python3 (3.13) and venv, cached like the image rootfs."""
-    key = hashlib.sha256(repr([MIRROR, TRIXIE_PACKAGES]).encode()).hexdigest()[:12]
-    out = cache_root() / "test" / f"rootfs-trixie-{key}.tar"
-    if out.is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
-    subprocess.run(["mmdebstrap", "--quiet", "--mode=root", "--variant=minbase",
-                    "--format=tar", "--include=" + ",".join(TRIXIE_PACKAGES),
-                    "--dpkgopt=path-exclude=/usr/share/doc/*",
-                    "--dpkgopt=path-exclude=/usr/share/man/*",
-                    "trixie", str(tmp), f"deb {MIRROR} trixie main"], check=True)
-    tmp.replace(out)
-    return out
-
-
-def _unpack(tar: Path, root: Path) -> None:
-    root.mkdir(parents=True)
-    subprocess.run(["tar", "-xf", str(tar), "-C", str(root), "--numeric-owner"], check=True)
-
-
 def _chroot(root: Path, argv: list[str], env: dict[str, str],
             bind_kind: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh",
@@ -81,23 +49,15 @@ def _chroot(root: Path, argv: list[str], env: dict[str, str],
                           stdin=subprocess.DEVNULL)
 
 
-def _host_ca() -> Path | None:
-    for c in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"),
-              "/etc/ssl/certs/ca-certificates.crt"):
-        if c and Path(c).is_file():
-            return Path(c)
-    return None
-
-
 def test_deps_layer_from_a_python_3_13_host_is_cp311_and_imports(tmp_path: Path) -> None:
-    _need_root_tools()
+    need_root_tools()
     build_rootfs("build", BUILD_PACKAGES, print)  # cached: shared with the trixie chroot
     agent_rootfs = build_rootfs("agent", AGENT_PACKAGES, print)
 
     # a Debian 13 host: its python3, a venv with the checkout installed (no deps: the
     # image's dependencies are what is being built), the project cache of its own
     host = tmp_path / "trixie"
-    _unpack(_trixie_rootfs(), host)
+    unpack(trixie_rootfs(TRIXIE_PACKAGES), host)
     src = host / "src"
     for name in SOURCES:
         (src / name).parent.mkdir(parents=True, exist_ok=True)
@@ -113,7 +73,7 @@ def test_deps_layer_from_a_python_3_13_host_is_cp311_and_imports(tmp_path: Path)
     shutil.copyfile("/etc/resolv.conf", host / "etc" / "resolv.conf", follow_symlinks=True)
     env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
            "HWSANDBOX_CACHE": "/cache"}
-    ca = _host_ca()
+    ca = host_ca()
     if ca is not None:
         shutil.copyfile(ca, host / "ca.pem")
         env["PIP_CERT"] = "/ca.pem"
@@ -140,7 +100,7 @@ def test_deps_layer_from_a_python_3_13_host_is_cp311_and_imports(tmp_path: Path)
 
     # the image: the agent rootfs with the layer on top, its python3 imports everything
     image = tmp_path / "image"
-    _unpack(agent_rootfs, image)
+    unpack(agent_rootfs, image)
     subprocess.run(["tar", "-xf", str(layer), "-C", str(image), "--numeric-owner"],
                    check=True)
     probe = (f"{IMPORTS}; import sys; print(sys.version_info[:2], "
