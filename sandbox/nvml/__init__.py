@@ -9,6 +9,6 @@ hash of the sources and headers; the state file the library reads is written by
 """
 
 from sandbox.errors import NvmlBuildError
-from sandbox.nvml.build import LIBRARY_NAME, build, library_dir
+from sandbox.nvml.build import LIBRARY_NAME, build, driver_root, library_dir, smi
 
-__all__ = ["LIBRARY_NAME", "NvmlBuildError", "build", "library_dir"]
+__all__ = ["LIBRARY_NAME", "NvmlBuildError", "build", "driver_root", "library_dir", "smi"]

@@ -24,6 +24,14 @@ HERE = Path(__file__).parent
 # every C file here is compiled; with the headers, all are hashed into the cache key
 SOURCES = tuple(sorted(HERE.glob("*.c")))
 HEADERS = tuple(sorted(HERE.glob("*.h")))
+# our nvidia-smi, linked against the library and built beside it (docs/nvml.md)
+SMI_SOURCE = HERE / "smi" / "smi.c"
+SMI_NAME = "nvidia-smi"
+SMI_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror",
+              # the library beside it (the cache) or in a driver root's lib directory;
+              # RUNPATH, so LD_LIBRARY_PATH still chooses another
+              "-Wl,--enable-new-dtags,-rpath,$ORIGIN:$ORIGIN/../lib/x86_64-linux-gnu:"
+              "$ORIGIN/../lib/aarch64-linux-gnu:$ORIGIN/../lib64")  # fmt: skip
 ENTRYPOINTS = Path(__file__).with_name("entrypoints.txt")
 LIBRARY_NAME = "libnvidia-ml.so.1"
 CFLAGS = ("-shared", "-fPIC", "-O2", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra",
@@ -68,11 +76,12 @@ def stubs_source() -> str:
 
 def _key(gcc: str) -> str:
     h = hashlib.sha256()
-    for source in (*SOURCES, *HEADERS):
+    for source in (*SOURCES, *HEADERS, SMI_SOURCE):
         for part in (source.name.encode(), source.read_bytes()):
             h.update(part)
             h.update(b"\0")
     for part in (stubs_source().encode(), " ".join(CFLAGS).encode(),
+                 " ".join(SMI_CFLAGS).encode(),
                  os.path.realpath(gcc).encode()):  # fmt: skip
         h.update(part)
         h.update(b"\0")
@@ -94,19 +103,17 @@ def build() -> Path:
         raise NvmlBuildError(INSTALL_HINT)
     dest = cache_root() / "nvml" / _key(gcc)
     lib = dest / LIBRARY_NAME
-    if lib.is_file():
+    if lib.is_file():  # written last: the rest of the directory is complete
         return lib
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest, prefix=".build-") as work:
         stubs = Path(work) / "stubs.c"
         stubs.write_text(stubs_source())
         out = Path(work) / LIBRARY_NAME
-        argv = [gcc, *CFLAGS, "-o", str(out), *map(str, SOURCES), str(stubs)]
-        result = run(argv, check=False, timeout=300)
-        if result.returncode != 0:
-            raise NvmlBuildError(
-                f"gcc failed (exit {result.returncode}) building {LIBRARY_NAME}:\n"
-                f"{result.stderr[-3000:]}\n{INSTALL_HINT}")
+        _gcc([gcc, *CFLAGS, "-o", str(out), *map(str, SOURCES), str(stubs)], LIBRARY_NAME)
+        smi = Path(work) / SMI_NAME
+        _gcc([gcc, *SMI_CFLAGS, "-o", str(smi), str(SMI_SOURCE), str(out)], SMI_NAME)
+        os.replace(smi, dest / SMI_NAME)
         os.replace(out, lib)  # atomic: a concurrent builder sees the old state or this one
     link = dest / "libnvidia-ml.so"
     if not link.is_symlink():
@@ -117,11 +124,103 @@ def build() -> Path:
     return lib
 
 
-def main() -> int:
+def _gcc(argv: list[str], what: str) -> None:
+    result = run(argv, check=False, timeout=300)
+    if result.returncode != 0:
+        raise NvmlBuildError(
+            f"gcc failed (exit {result.returncode}) building {what}:\n"
+            f"{result.stderr[-3000:]}\n{INSTALL_HINT}")
+
+
+def smi() -> Path:
+    """Our nvidia-smi, built with (and beside) the library."""
+    return build().with_name(SMI_NAME)
+
+
+_MULTIARCH = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
+_DRIVER_VERSION = re.compile(r"^driver\s+(\d+(?:\.\d+)+)\s*$", re.MULTILINE)
+STATE_FILE = "proc/driver/nvidia/hwsandbox/nvml"
+DRIVER_ROOT_MARK = ".hw-sandbox-driver-root"
+
+
+def driver_version(node_root: Path) -> str:
+    """The driver version a node tree's state file gives (its ``driver`` record)."""
     try:
-        print(build())
+        match = _DRIVER_VERSION.search((node_root / STATE_FILE).read_text())
+    except OSError as e:
+        raise NvmlBuildError(f"{node_root} has no NVIDIA GPUs' state file ({e.strerror}): "
+                             f"is it a node tree with NVIDIA GPUs?") from None
+    if match is None:
+        raise NvmlBuildError(f"{node_root / STATE_FILE} names no driver version")
+    return match.group(1)
+
+
+def driver_root(dest: Path, version: str) -> Path:
+    """Lay out a driver root at ``dest``, as NVIDIA's tools look for one (docs/nvml.md):
+    ``usr/lib/<multiarch>/libnvidia-ml.so.<version>`` (our library) with the
+    ``libnvidia-ml.so.1`` and ``libnvidia-ml.so`` links, and ``usr/bin/nvidia-smi`` (ours,
+    which finds the library there by its RUNPATH). Idempotent; returns ``dest``.
+
+    Refused: a host system path (``/``, ``/usr``, ...: the rule of ``sandbox render``), and
+    a directory that has content but is not a driver root this made (a real driver's)."""
+    if not re.fullmatch(r"\d+(\.\d+)+", version):
+        raise NvmlBuildError(f"{version!r} is not a driver version (such as 550.54.15)")
+    from sandbox.fakehw.refusedpaths import host_path_problem
+
+    problem = host_path_problem(dest)
+    if problem is None and dest.is_dir() and any(dest.iterdir()) \
+            and not (dest / DRIVER_ROOT_MARK).is_file():
+        problem = f"it has content but no {DRIVER_ROOT_MARK} (not a driver root of ours)"
+    if problem is not None:
+        raise NvmlBuildError(f"refusing to make {dest} a driver root: {problem}")
+    lib = build()
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / DRIVER_ROOT_MARK).write_text("a driver root made by hw-sandbox (docs/nvml.md)\n")
+    libdir = dest / "usr" / "lib" / _MULTIARCH.get(os.uname().machine, "x86_64-linux-gnu")
+    bindir = dest / "usr" / "bin"
+    for d in (libdir, bindir):
+        d.mkdir(parents=True, exist_ok=True)
+    versioned = f"libnvidia-ml.so.{version}"
+    _place(lib, libdir / versioned)
+    _place(lib.with_name(SMI_NAME), bindir / SMI_NAME)
+    for name, target in ((LIBRARY_NAME, versioned), ("libnvidia-ml.so", LIBRARY_NAME)):
+        link = libdir / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(target)
+    return dest
+
+
+def _place(src: Path, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dest)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m sandbox.nvml",
+        description="Build hw-sandbox's NVML library and nvidia-smi (once; cached) and print "
+                    "the library's path; with --driver-root, lay out a driver root instead.")
+    parser.add_argument("--driver-root", type=Path, metavar="DIR",
+                        help="make DIR a driver root: usr/lib/<multiarch>/"
+                             "libnvidia-ml.so.<version> and links, usr/bin/nvidia-smi")
+    version = parser.add_mutually_exclusive_group()
+    version.add_argument("--driver-version", metavar="V",
+                         help="the version in the library's file name (such as 550.54.15)")
+    version.add_argument("--node-root", type=Path, metavar="ROOT",
+                         help="take the version from this node tree (a mount or a render)")
+    args = parser.parse_args(argv)
+    try:
+        if args.driver_root is None:
+            print(build())
+        else:
+            v = args.driver_version or driver_version(args.node_root or Path("/"))
+            print(driver_root(args.driver_root, v))
     except NvmlBuildError as e:
-        print(f"sandbox.nvml.build: {e}", file=sys.stderr)
+        print(f"sandbox.nvml: {e}", file=sys.stderr)
         return 1
     return 0
 
