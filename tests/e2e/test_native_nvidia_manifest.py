@@ -16,6 +16,7 @@ checks the links are gone (conftest.Footprint).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from cluster import NativeCluster, check_two_gpu_pod, resource_counts, wait_unti
 
 from sandbox.runtimes.native import bin_dir, kubelet_root
 from sandbox.runtimes.native.hostpaths import HOST_STATE
+from tests.plugins.test_nvidia_plugin import tree_gpus
 from tests.support.nvidia import IMAGE, nvml_library, write_nvidia_image
 
 GPU = "nvidia.com/gpu"
@@ -70,6 +72,12 @@ def test_bundled_manifest_brings_nvidias_plugin_to_the_node(
     assert placed.read_bytes() == nvml_library().read_bytes()
     for name, target in (("root", "node-root"), ("nvml", "nvml"), ("features.d", "features.d")):
         assert os.readlink(HOST_STATE / name) == str(cluster.state_dir / target), out
+    # our nvidia-smi beside it, answering from the node's tree as the host sees it there
+    listed = subprocess.run([str(HOST_STATE / "nvml" / "nvidia-smi"), "-L"], capture_output=True,
+                            text=True, timeout=60, check=True,
+                            env={"HWSANDBOX_NVML_ROOT": str(HOST_STATE / "root")}).stdout
+    assert sorted(re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)", listed)) == \
+        sorted(tree_gpus(HOST_STATE / "root")), listed  # fmt: skip
     def phases() -> str:
         return _kubectl(cluster, "-n", "kube-system", "get", "pods", "-l",
                         "app.kubernetes.io/name=nvidia-device-plugin", "-o",

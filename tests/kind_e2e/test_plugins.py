@@ -4,6 +4,7 @@ Go module) and our DRA driver allocating a MIG-like partition to a pod."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -131,6 +132,13 @@ def test_nvidia_device_plugin_in_a_pod(sandbox_factory: Callable[..., KindSandbo
     placed = sb.state_dir / "nodes" / "gpu-worker" / "nvml" / "libnvidia-ml.so.1"
     assert f"our NVML for the node's pods: {placed}" in out, out
     assert placed.read_bytes() == nvml_library().read_bytes()
+    # our nvidia-smi beside it, on the node, answering from the node's tree
+    listed = subprocess.run(["docker", "exec", "-e", "HWSANDBOX_NVML_ROOT=/var/lib/hw-sandbox/root",
+                             f"{sb.name}-worker", "/var/lib/hw-sandbox/nvml/nvidia-smi", "-L"],
+                            capture_output=True, text=True, check=True).stdout
+    uuids = re.findall(r"^GPU \d: NVIDIA H100 80GB HBM3 \(UUID: (GPU-[0-9a-f-]+)\)$", listed,
+                       re.MULTILINE)  # fmt: skip
+    assert len(set(uuids)) == 8, listed
     took = sb.wait_for(f"NVIDIA's plugin advertises 8 {NV_GPU}",
                        lambda: sb.resource("gpu-worker", NV_GPU) == (8, 8), timeout=180)
     print(f"NVIDIA device plugin v0.18.0 in a kind pod: {NV_GPU} 8/8 after {took:.1f}s")

@@ -147,8 +147,9 @@ def fail_on_broken_pods(api: Any, namespace: str, selector: str, step: str) -> N
 def install_nvml(state_dir: Path) -> list[Path]:
     """Our libnvidia-ml.so.1 (built here) where NVIDIA's pods mount it from: each node's
     /var/lib/hw-sandbox/nvml, which is ``<state>/nodes/<replica>/nvml`` on this host (the
-    kind config's extraMount). Returns the files written."""
-    from sandbox.nvml import build
+    kind config's extraMount), with our nvidia-smi beside it. Returns the libraries
+    written."""
+    from sandbox.nvml import build, smi
 
     if sys.platform != "linux":
         raise SandboxError("building our NVML for Linux nodes needs a Linux host with gcc")
@@ -157,6 +158,7 @@ def install_nvml(state_dir: Path) -> list[Path]:
     for node_dir in sorted((state_dir / "nodes").iterdir()):
         if node_dir.is_dir() and not node_dir.is_symlink():
             (node_dir / "nvml").mkdir(exist_ok=True)
+            shutil.copy2(smi(), node_dir / "nvml" / smi().name)
             shutil.copy2(lib, node_dir / "nvml" / lib.name)
             placed.append(node_dir / "nvml" / lib.name)
     return placed

@@ -9,7 +9,7 @@ resolves to) and ``down`` removes them, and ``/var/lib/hw-sandbox`` itself when 
 made it (it is in the record's ``created``):
 
     root        -> <state>/node-root    the node's live FUSE tree
-    nvml        -> <state>/nvml         our libnvidia-ml.so.1 (copied there by deploy)
+    nvml        -> <state>/nvml         our libnvidia-ml.so.1 and nvidia-smi (by deploy)
     features.d  -> <state>/features.d   gpu-feature-discovery's label file, which the
                                         manifest writes to /etc/kubernetes/... on kind
 
@@ -84,11 +84,12 @@ def unlink_host_paths(state_dir: Path, host_state: Path = HOST_STATE) -> None:
 
 def install_nvml(state_dir: Path) -> Path:
     """Our libnvidia-ml.so.1, built (cached) and copied to ``<state>/nvml``, which the
-    node's ``/var/lib/hw-sandbox/nvml`` links to."""
-    from sandbox.nvml import build
+    node's ``/var/lib/hw-sandbox/nvml`` links to, with our nvidia-smi beside it."""
+    from sandbox.nvml import build, smi
 
     lib = build()
     dest = state_dir / "nvml" / lib.name
     dest.parent.mkdir(exist_ok=True)
+    shutil.copy2(smi(), dest.with_name(smi().name))
     shutil.copy2(lib, dest)
     return dest
