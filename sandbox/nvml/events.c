@@ -7,11 +7,24 @@
  * so a fault is kept until waited for (like the driver's event queue) even if the GPU
  * recovers meanwhile. nvmlEventSetWait also polls itself. nvmlShutdown to zero stops and
  * joins the poller, so no thread runs in this library when a caller dlcloses it.
+ *
+ * With HWSANDBOX_NVML_WATCH naming the node's control socket, the poller also watches its
+ * change stream (docs/control-api.md, "watch") and re-reads the state file as soon as a
+ * change is committed, instead of at its next tick; the timer stays as the fallback, and a
+ * socket that cannot be reached or closes leaves the timer alone (logged).
  */
 #include "nvml_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 struct event_reg {
     int gpu;
@@ -89,25 +102,95 @@ static void deadline_in(struct timespec *ts, long ms) {
 
 static long poll_interval(void) { return g_refresh_ms > 0 ? g_refresh_ms : 10; }
 
+static int g_wake[2] = {-1, -1}; /* a byte here wakes a poller that watches the socket */
+static char g_watch[256];          /* HWSANDBOX_NVML_WATCH when the poller started */
+
+/* The control socket HWSANDBOX_NVML_WATCH names, asked for its change stream: its fd, or
+ * -1 (logged) without one. Lock not held: a connect may take its time. */
+static int watch_open(const char *path) {
+    if (!*path)
+        return -1;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path) {
+        logf_("watch: socket path too long: %s; polling instead", path);
+        return -1;
+    }
+    memcpy(addr.sun_path, path, strlen(path) + 1);
+    static const char request[] = "{\"v\":1,\"op\":\"watch\"}\n";
+    /* at most 2 s for each step, then the timer alone */
+    struct timeval limit = {.tv_sec = 2};
+    char reply[256];
+    ssize_t got = -1;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) != 0 ||
+        connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
+        send(fd, request, sizeof request - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof request - 1) ||
+        (got = recv(fd, reply, sizeof reply - 1, 0)) <= 0) {
+        logf_("watch: %s: %s; polling instead", path, got == 0 ? "closed" : strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    /* The ok line first: changes committed from now on are streamed, so the first re-read
+     * after this misses none. Anything else (an error line) means no stream. */
+    reply[got] = 0;
+    if (!strstr(reply, "\"ok\":true")) {
+        logf_("watch: %s refused the watch: %.200s; polling instead", path, reply);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Wait up to one poll interval for the watch stream (any line: a change, or the ok) or a
+ * wake-up. Lock held on entry and return, dropped while waiting. Returns the fd, or -1 once
+ * the stream has ended (logged; the timer goes on alone). */
+static int watch_wait_locked(int fd) {
+    pthread_mutex_unlock(&g_lock);
+    struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = g_wake[0], .events = POLLIN}};
+    if (poll(p, 2, (int)poll_interval()) > 0 && p[0].revents) {
+        char buf[4096];
+        ssize_t got = recv(fd, buf, sizeof buf, MSG_DONTWAIT); /* the rest comes next time */
+        if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
+            logf_("watch: the control socket's stream ended; polling instead");
+            close(fd);
+            fd = -1;
+        }
+    }
+    pthread_mutex_lock(&g_lock);
+    return fd;
+}
+
 static void *poller_main(void *arg) {
-    (void)arg;
+    int fd = watch_open(arg);
     pthread_mutex_lock(&g_lock);
     while (g_poller_state == 1) {
         refresh_locked(1);
         if (poll_all_locked())
             pthread_cond_broadcast(&g_cond);
+        if (fd >= 0) {
+            fd = watch_wait_locked(fd);
+            continue;
+        }
         struct timespec ts;
         deadline_in(&ts, poll_interval());
         pthread_cond_timedwait(&g_cond, &g_lock, &ts);
     }
     pthread_mutex_unlock(&g_lock);
+    if (fd >= 0)
+        close(fd);
     return NULL;
 }
 
 static void start_poller_locked(void) {
     if (g_poller_state != 0)
         return; /* running, or being stopped: waiters poll themselves meanwhile */
-    if (pthread_create(&g_poller, NULL, poller_main, NULL) == 0)
+    if (g_wake[0] < 0 && pipe2(g_wake, O_CLOEXEC | O_NONBLOCK) != 0)
+        g_wake[0] = g_wake[1] = -1; /* poll() ignores a negative fd: stop waits a tick */
+    const char *watch = getenv("HWSANDBOX_NVML_WATCH");
+    snprintf(g_watch, sizeof g_watch, "%s", watch ? watch : "");
+    if (pthread_create(&g_poller, NULL, poller_main, g_watch) == 0)
         g_poller_state = 1;
     else
         logf_("events: no poller thread (%s); faults are seen only while waiting",
@@ -120,11 +203,17 @@ void stop_poller_locked(void) {
         return;
     g_poller_state = 2;
     pthread_cond_broadcast(&g_cond);
+    if (g_wake[1] >= 0 && write(g_wake[1], "", 1) < 0) {
+        /* full pipe: a wake-up is pending already */
+    }
     pthread_t t = g_poller;
     pthread_mutex_unlock(&g_lock);
     pthread_join(t, NULL);
     pthread_mutex_lock(&g_lock);
     g_poller_state = 0;
+    char drain[16];
+    while (g_wake[0] >= 0 && read(g_wake[0], drain, sizeof drain) > 0) {
+    }
 }
 
 void reset_event_sets(void) { memset(g_sets, 0, sizeof g_sets); }

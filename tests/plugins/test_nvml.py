@@ -194,6 +194,59 @@ def test_faults_reach_nvml_as_xid_events_and_lost_gpus(
         nvml.check(nvml.nvmlEventSetFree(evset))
 
 
+def test_the_control_sockets_change_stream_wakes_the_poller(
+    nvml: N.Nvml, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """HWSANDBOX_NVML_WATCH: with the timer at a minute, a fault still reaches
+    nvmlEventSetWait, so it came from the control socket's change stream; nvmlShutdown
+    wakes the poller out of its wait; a socket that cannot be reached is logged and the
+    timer goes on alone."""
+    with live_node("8gpu-2numa.yaml", "gpu-worker") as live:
+        log = tmp_path / "nvml.log"
+        monkeypatch.setenv("HWSANDBOX_NVML_REFRESH_MS", "60000")
+        monkeypatch.setenv("HWSANDBOX_NVML_WATCH", str(live.control))
+        init(nvml, live.root, monkeypatch)
+        with live.client() as client:
+            devices = client.devices()
+        index = {nvml.pci(nvml.handle(i)).busId.decode()[4:].lower(): i for i in range(8)}
+        h3 = nvml.handle(index[devices["gpu3"]["pci_address"]])
+        evset = ctypes.c_void_p()
+        nvml.check(nvml.nvmlEventSetCreate(ctypes.byref(evset)))
+        nvml.check(nvml.nvmlDeviceRegisterEvents(h3, ctypes.c_ulonglong(N.EVENT_XID), evset))
+        ev = N.EventData()
+        for reason, xid in (("aer-fatal", 48), ("link-down", 79)):
+            with live.client() as client:
+                client.health("gpu3", "healthy")
+                client.health("gpu3", "unhealthy", reason)
+            # 20 s: far less than the minute the timer would take
+            nvml.check(nvml.nvmlEventSetWait_v2(evset, ctypes.byref(ev), 20_000))
+            assert (ev.device, ev.eventData) == (h3.value, xid)
+        nvml.check(nvml.nvmlEventSetFree(evset))
+        t0 = time.monotonic()
+        nvml.check(nvml.nvmlShutdown())  # joins the poller, which waits on the socket
+        assert time.monotonic() - t0 < 30, "nvmlShutdown waited out the poller's minute"
+
+        # no socket there (a process of its own: the log is opened once per process):
+        # logged, and the fault already present is delivered all the same
+        probe = (
+            "import ctypes, sys\n"
+            "from tests.support import nvml_ctypes as N\n"
+            "nv = N.Nvml(sys.argv[1]); nv.check(nv.nvmlInit_v2())\n"
+            "s = ctypes.c_void_p(); nv.check(nv.nvmlEventSetCreate(ctypes.byref(s)))\n"
+            "nv.check(nv.nvmlDeviceRegisterEvents(nv.handle(int(sys.argv[2])), 8, s))\n"
+            "ev = N.EventData(); nv.check(nv.nvmlEventSetWait_v2(s, ctypes.byref(ev), 10000))\n"
+            "print(ev.eventData); nv.check(nv.nvmlShutdown())\n"
+        )
+        env = {**os.environ, "HWSANDBOX_NVML_ROOT": str(live.root), "HWSANDBOX_NVML_LOG": str(log),
+               "HWSANDBOX_NVML_REFRESH_MS": "10", "HWSANDBOX_NVML_WATCH": str(tmp_path / "no.sock")}
+        out = subprocess.run([sys.executable, "-c", probe, str(nvml_library()),
+                              str(index[devices["gpu3"]["pci_address"]])], env=env, cwd=REPO,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert (out.returncode, out.stdout) == (0, "79\n"), out.stderr
+        assert f"watch: {tmp_path / 'no.sock'}: No such file or directory; polling instead" \
+            in log.read_text()  # fmt: skip
+
+
 @pytest.mark.parametrize("damage", ["missing", "garbage", "truncated", "bad-number",
                                     "no-gpus-dir"])  # fmt: skip
 def test_missing_or_malformed_state_is_an_error_code(
