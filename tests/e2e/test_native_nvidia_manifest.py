@@ -70,7 +70,8 @@ def test_bundled_manifest_brings_nvidias_plugin_to_the_node(
     placed = cluster.state_dir / "nvml" / "libnvidia-ml.so.1"
     assert f"our NVML for the node's pods: {placed}" in out, out
     assert placed.read_bytes() == nvml_library().read_bytes()
-    for name, target in (("root", "node-root"), ("nvml", "nvml"), ("features.d", "features.d")):
+    for name, target in (("root", "node-root"), ("nvml", "nvml"), ("features.d", "features.d"),
+                         ("control.sock", "node/control.sock")):
         assert os.readlink(HOST_STATE / name) == str(cluster.state_dir / target), out
     # our nvidia-smi beside it, answering from the node's tree as the host sees it there
     listed = subprocess.run([str(HOST_STATE / "nvml" / "nvidia-smi"), "-L"], capture_output=True,

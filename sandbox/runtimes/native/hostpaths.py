@@ -12,6 +12,8 @@ made it (it is in the record's ``created``):
     nvml        -> <state>/nvml         our libnvidia-ml.so.1 and nvidia-smi (by deploy)
     features.d  -> <state>/features.d   gpu-feature-discovery's label file, which the
                                         manifest writes to /etc/kubernetes/... on kind
+    control.sock -> <state>/node/control.sock  the tree's control socket (our NVML in
+                                        NVIDIA's plugin pod watches its changes)
 
 One native sandbox runs per host (one kubelet), so the links are never shared; a link
 left by a sandbox whose state dir is gone is replaced.
@@ -28,7 +30,9 @@ from sandbox.errors import SandboxError
 from sandbox.runtimes.record import read_record, write_record
 
 HOST_STATE = Path("/var/lib/hw-sandbox")
-LINKS = {"root": "node-root", "nvml": "nvml", "features.d": "features.d"}
+LINKS = {"root": "node-root", "nvml": "nvml", "features.d": "features.d",
+         "control.sock": "node/control.sock"}
+_MADE_DIRS = ("nvml", "features.d")  # the targets deploy creates (the others the node has)
 # gpu-feature-discovery's output hostPath in the bundled manifest (node-feature-discovery's
 # local source directory): on native it would be the host's own /etc
 NFD_FEATURES = "/etc/kubernetes/node-feature-discovery/features.d"
@@ -47,7 +51,7 @@ def link_host_paths(state_dir: Path, host_state: Path = HOST_STATE) -> dict[Path
     made = {}
     for name, sub in LINKS.items():
         target = state_dir / sub
-        if sub != "node-root":
+        if sub in _MADE_DIRS:
             target.mkdir(exist_ok=True)
         link = host_state / name
         if link.is_symlink():
