@@ -8,6 +8,7 @@ our NVML (sandbox/nvml, docs/nvml.md).
   gcc is missing.
 - ``nvml_env(live, log)``: the environment that points a process at our library and at
   the node's tree.
+- ``nvidia_ctk()``: ``nvidia-ctk`` v1.20.0 (the container toolkit's CLI), built the same way.
 - ``write_nvidia_image(dest)``: the image the bundled manifest names
   (``nvcr.io/nvidia/k8s-device-plugin:v0.18.0``) as an OCI archive, made here from those
   two binaries and the glibc they link (there is no registry).
@@ -78,6 +79,27 @@ def nvidia_binary(name: str) -> Path:
     binary = Path(result.stdout.strip().splitlines()[-1])
     assert binary.name == name, result.stdout
     assert os.access(binary, os.X_OK), f"{binary} is not executable"
+    return binary
+
+
+CTK_VERSION = "v1.20.0"
+
+
+def nvidia_ctk() -> Path:
+    """NVIDIA's ``nvidia-ctk`` (github.com/NVIDIA/nvidia-container-toolkit), built with cgo
+    by scripts/build-plugins into the cache; FAILS with a hint when it cannot be built."""
+    result = subprocess.run([str(BUILD_PLUGINS), "nvidia-ctk"], capture_output=True,
+                            text=True, check=False, timeout=3600)  # fmt: skip
+    if result.returncode != 0:
+        pytest.fail(
+            f"scripts/build-plugins nvidia-ctk failed (exit {result.returncode}):\n"
+            f"{result.stderr[-3000:]}\nnvidia-ctk is built from "
+            f"github.com/NVIDIA/nvidia-container-toolkit@{CTK_VERSION} with cgo: it needs Go "
+            ">= 1.24 (on PATH or GO=/path/go), gcc and libc6-dev and the Go module proxy",
+            pytrace=False,
+        )
+    binary = Path(result.stdout.strip().splitlines()[-1])
+    assert binary.name == "nvidia-ctk", result.stdout
     return binary
 
 
