@@ -117,17 +117,26 @@ static int watch_open(const char *path) {
     }
     memcpy(addr.sun_path, path, strlen(path) + 1);
     static const char request[] = "{\"v\":1,\"op\":\"watch\"}\n";
-    /* at most 2 s for each step, then the timer alone */
+    /* at most 2 s to connect and send, then the timer alone; the reply is awaited as long
+     * (or until nvmlShutdown wakes this thread: a server that never answers must not hold
+     * up a shutdown) */
     struct timeval limit = {.tv_sec = 2};
     char reply[256];
     ssize_t got = -1;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) != 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) != 0 ||
-        connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0 ||
-        send(fd, request, sizeof request - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof request - 1) ||
-        (got = recv(fd, reply, sizeof reply - 1, 0)) <= 0) {
-        logf_("watch: %s: %s; polling instead", path, got == 0 ? "closed" : strerror(errno));
+    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) == 0 &&
+        connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0 &&
+        send(fd, request, sizeof request - 1, MSG_NOSIGNAL) == (ssize_t)(sizeof request - 1)) {
+        struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = g_wake[0], .events = POLLIN}};
+        int n = poll(p, 2, 2000);
+        if (n > 0 && p[0].revents)
+            got = recv(fd, reply, sizeof reply - 1, MSG_DONTWAIT);
+        else
+            errno = n == 0 ? ETIMEDOUT : n > 0 ? ECANCELED : errno;
+    }
+    if (got <= 0) {
+        if (got == 0 || errno != ECANCELED)
+            logf_("watch: %s: %s; polling instead", path, got == 0 ? "closed" : strerror(errno));
         if (fd >= 0)
             close(fd);
         return -1;

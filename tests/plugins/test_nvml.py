@@ -15,6 +15,7 @@ import json
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -354,6 +355,90 @@ def test_ten_thousand_random_call_sequences_never_crash(tmp_path: Path) -> None:
     # the sequences reached the library's real answers, not only its refusals
     assert total.get("0", 0) > 1000, total
     assert {"0", "1", "2", "3"} <= set(total), total
+
+
+class HostileWatch:
+    """A control socket that answers ``watch`` every way a broken or hostile one could: the
+    ok line then change lines, garbage, a line with no end, an error line, a close at once,
+    silence longer than the library waits, a close in the middle of the stream."""
+
+    def __init__(self, path: Path, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(path))
+        self.server.listen(64)
+        self.server.settimeout(0.1)
+        self.stopping = threading.Event()
+        self.connections = 0
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            seed = self.rng.random()
+            threading.Thread(target=self._serve, args=(conn, seed), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, seed: float) -> None:
+        rng = random.Random(seed)
+        change = (b'{"v":1,"event":"change","seq":1,"time":1.0,"op":"health","device":"gpu3",'
+                  b'"state":{"health":"unhealthy","reason":"aer-fatal","plugged":true}}\n')
+        with conn:
+            try:
+                conn.settimeout(5)
+                conn.recv(256)
+                kind = rng.random()
+                if kind < 0.1:
+                    return  # closed at once
+                if kind < 0.2:
+                    conn.sendall(b'{"v":1,"ok":false,"error":"no"}\n')
+                    return
+                if kind < 0.25:
+                    self.stopping.wait(3)  # silence, past the library's 2 s
+                    return
+                conn.sendall(b'{"v":1,"ok":true,"op":"watch"}\n')
+                for _ in range(rng.randint(0, 40)):
+                    noise = rng.randbytes(rng.randint(1, 9000))
+                    conn.sendall(rng.choice((change, change * 50, noise, b"x" * 70000, b"\n\n")))
+                    if self.stopping.wait(rng.random() * 0.005):
+                        return
+                if rng.random() < 0.5:
+                    self.stopping.wait(1)  # then held open a while
+            except OSError:
+                pass  # the library went away first
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.thread.join()
+        self.server.close()
+
+
+def test_random_call_sequences_with_a_hostile_watch_socket_never_crash(tmp_path: Path) -> None:
+    """The fuzz above with HWSANDBOX_NVML_WATCH naming a socket that misbehaves in every way
+    (HostileWatch): event sets come and go, pollers start and stop, never a crash."""
+    lib = nvml_library()
+    root = rendered("8gpu-2numa.yaml", tmp_path / "root")
+    watch = HostileWatch(tmp_path / "watch.sock", seed=3)
+    try:
+        env = {**os.environ, "HWSANDBOX_NVML_ROOT": str(root), "HWSANDBOX_NVML_REFRESH_MS": "0",
+               "HWSANDBOX_NVML_WATCH": str(tmp_path / "watch.sock")}  # fmt: skip
+        env.pop("HWSANDBOX_NVML_LOG", None)
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.support.nvml_ctypes", "fuzz", str(lib), str(root),
+             "3000", "3"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+    finally:
+        watch.close()
+    assert result.returncode == 0, f"exit {result.returncode}: {result.stderr[-3000:]}"
+    codes = dict(item.split(":") for item in result.stdout.split())
+    assert int(codes.get("0", 0)) > 500, codes
+    print(f"{watch.connections} watch connections")
+    assert watch.connections > 10, "the pollers never connected: nothing was fuzzed"
 
 
 _CALL_EACH = """
