@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "profiles" / "8gpu-2numa.yaml"
 INTEL_PROFILE = REPO / "profiles" / "intel-flex-sriov.yaml"
 MIG_PROFILE = REPO / "profiles" / "mig-partitions.yaml"
+MIG_SINGLE_PROFILE = REPO / "profiles" / "mig-single.yaml"
 # alpha in 1.37 (off by default): the partitions cluster turns it on in every component
 MIG_FEATURE_GATES = {"DRADeviceCompatibilityGroups": True}
 SRIOV_PROFILE = REPO / "profiles" / "sriov-rdma.yaml"

@@ -32,6 +32,7 @@ from cluster import (
     INTEL_PROFILE,
     MIG_FEATURE_GATES,
     MIG_PROFILE,
+    MIG_SINGLE_PROFILE,
     OPTIONAL_FEATURE_GATES,
     PROFILE,
     SRIOV_PROFILE,
@@ -176,6 +177,13 @@ def nvidia_cluster(sandboxes: Sandboxes) -> NativeCluster:
     """``profiles/8gpu-2numa.yaml`` without our reference device plugin: NVIDIA's (run by
     the test) is the only one."""
     return sandboxes.get(PROFILE, reference_plugin=False)
+
+
+@pytest.fixture
+def mig_single_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/mig-single.yaml`` (node mig-worker, 4 A100 80GB holding 2 x 3g.40gb each)
+    without our reference device plugin: NVIDIA's (run by the test) is the only one."""
+    return sandboxes.get(MIG_SINGLE_PROFILE, reference_plugin=False)
 
 
 @pytest.fixture
