@@ -99,6 +99,12 @@ def test_list_query_and_report_say_what_the_profile_says(tmp_path: Path) -> None
         assert (block["Total"], block["MIG Mode Current"]) == ("81920 MiB", "Disabled")
         assert block["Device Id"] == "0x233010DE"
 
+    # no option: a table, one row per GPU
+    rows = [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in ok(smi(root)) if line.startswith("|")][1:]  # fmt: skip
+    assert rows == [[str(i), NAME, f"0000{g.bdf.upper()}", "0 / 81920 MiB", str(g.numa_node),
+                     "Disabled"] for i, g in enumerate(gpus)]  # fmt: skip
+
     # -i: by index, by UUID, by PCI bus id (either domain width), several at once
     only = ["--query-gpu=index", "--format=csv,noheader"]
     assert ok(smi(root, "-i", "3", *only)) == ["3"]
@@ -245,7 +251,7 @@ def test_errors_and_exit_codes(tmp_path: Path) -> None:
         (root, ("-i", "8", "-L"), N.NOT_FOUND, "no GPU with index 8 (8 GPUs)"),
         (root, ("-i", "GPU-00000000-0000-0000-0000-000000000000", "-L"), N.NOT_FOUND, "no GPU"),
         (root, ("--bogus",), 2, "unknown argument --bogus"),
-        (root, (), 2, "usage: nvidia-smi"),
+        (root, ("-L", "-q"), 2, "usage: nvidia-smi"),
         (root, ("mig", "-cgi"), 2, "lists only"),
     ]
     for tree, args, code, message in cases:

@@ -70,6 +70,7 @@ static void fail(const char *what, nvmlReturn_t r) {
 static void usage(FILE *f) {
     fputs("usage: nvidia-smi [-i ID[,ID...]] [-L | -q | --query-gpu=FIELD[,FIELD...] "
           "--format=csv[,noheader][,nounits]]\n"
+          "       (no option: a table of the GPUs)\n"
           "       nvidia-smi [-i ID] mig -lgi | -lci\n"
           "hw-sandbox's nvidia-smi: answers from NVML (the node's fake tree).\n"
           "  -L, --list-gpus      one line per GPU and MIG device, with UUIDs\n"
@@ -389,6 +390,59 @@ static void report(const unsigned int *sel, int n, unsigned int count) {
     }
 }
 
+/* ---- no arguments: a table ----------------------------------------------------------------- */
+
+static void rule(void) {
+    puts("+-----+-----------------------------------+------------------+----------------------+"
+         "------+----------+");
+}
+
+static void summary(const unsigned int *sel, int n) {
+    char driver[80] = "";
+    int cuda = 0;
+    nvmlSystemGetDriverVersion(driver, sizeof driver);
+    nvmlSystemGetCudaDriverVersion(&cuda);
+    printf("hw-sandbox nvidia-smi (answers from NVML)   Driver Version: %s   CUDA Version: %d.%d\n",
+           driver, cuda / 1000, cuda % 1000 / 10);
+    rule();
+    printf("| %3s | %-33s | %-16s | %20s | %4s | %-8s |\n", "GPU", "Name", "Bus Id",
+           "Memory used / total", "NUMA", "MIG");
+    rule();
+    int migs = 0;
+    for (int k = 0; k < n; k++) {
+        struct gpu g;
+        nvmlReturn_t r = gpu_load(sel[k], &g);
+        if (r != R_SUCCESS) {
+            char what[64];
+            snprintf(what, sizeof what, "GPU %u", sel[k]);
+            fail(what, r);
+            continue;
+        }
+        char used[32], total[32], numa[16], mode[16];
+        field_value(F_MEM_USED, &g, 0, 0, used, sizeof used);
+        field_value(F_MEM_TOTAL, &g, 0, 0, total, sizeof total);
+        field_value(F_NUMA, &g, 0, 0, numa, sizeof numa);
+        field_value(F_MIG_CUR, &g, 0, 0, mode, sizeof mode);
+        char memory[80];
+        snprintf(memory, sizeof memory, "%s / %s MiB", used, total);
+        printf("| %3u | %-33.33s | %-16s | %20s | %4s | %-8s |\n", g.index, g.name, g.pci.busId,
+               memory, numa, mode);
+        unsigned int cur = 0, pend = 0, max = 0;
+        if (nvmlDeviceGetMigMode(g.h, &cur, &pend) == R_SUCCESS && cur &&
+            nvmlDeviceGetMaxMigDeviceCount(g.h, &max) == R_SUCCESS)
+            for (unsigned int j = 0; j < max; j++) {
+                nvml_device_t m;
+                if (nvmlDeviceGetMigDeviceHandleByIndex(g.h, j, &m) != R_SUCCESS)
+                    break;
+                migs++;
+            }
+    }
+    rule();
+    if (migs)
+        printf("%d MIG devices: nvidia-smi -L lists them, nvidia-smi mig -lgi their instances\n",
+               migs);
+}
+
 /* ---- mig -lgi / -lci ----------------------------------------------------------------------- */
 
 static int mig_list(const char *what, const unsigned int *sel, int n) {
@@ -503,7 +557,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (list + full + (query != NULL) + (mig != NULL) != 1) {
+    if (list + full + (query != NULL) + (mig != NULL) > 1) {
         usage(stderr);
         return 2;
     }
@@ -529,8 +583,11 @@ int main(int argc, char **argv) {
         status = g_status;
     } else if (query) {
         status = query_gpu(query, format, sel, n, count);
-    } else {
+    } else if (mig) {
         status = mig_list(mig, sel, n);
+    } else {
+        summary(sel, n);
+        status = g_status;
     }
     nvmlShutdown();
     return status;
