@@ -25,7 +25,7 @@ HERE = Path(__file__).parent
 SOURCES = tuple(sorted(HERE.glob("*.c")))
 HEADERS = tuple(sorted(HERE.glob("*.h")))
 # our nvidia-smi, linked against the library and built beside it (docs/nvml.md)
-SMI_SOURCE = HERE / "smi" / "smi.c"
+SMI_SOURCES = tuple(sorted((HERE / "smi").glob("*.[ch]")))
 SMI_NAME = "nvidia-smi"
 SMI_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror",
               # the library beside it (the cache) or in a driver root's lib directory;
@@ -76,7 +76,7 @@ def stubs_source() -> str:
 
 def _key(gcc: str) -> str:
     h = hashlib.sha256()
-    for source in (*SOURCES, *HEADERS, SMI_SOURCE):
+    for source in (*SOURCES, *HEADERS, *SMI_SOURCES):
         for part in (source.name.encode(), source.read_bytes()):
             h.update(part)
             h.update(b"\0")
@@ -112,7 +112,8 @@ def build() -> Path:
         out = Path(work) / LIBRARY_NAME
         _gcc([gcc, *CFLAGS, "-o", str(out), *map(str, SOURCES), str(stubs)], LIBRARY_NAME)
         smi = Path(work) / SMI_NAME
-        _gcc([gcc, *SMI_CFLAGS, "-o", str(smi), str(SMI_SOURCE), str(out)], SMI_NAME)
+        smi_c = [str(f) for f in SMI_SOURCES if f.suffix == ".c"]
+        _gcc([gcc, *SMI_CFLAGS, "-o", str(smi), *smi_c, str(out)], SMI_NAME)
         os.replace(smi, dest / SMI_NAME)
         os.replace(out, lib)  # atomic: a concurrent builder sees the old state or this one
     link = dest / "libnvidia-ml.so"
