@@ -52,6 +52,17 @@ nvmlReturn_t gpu_load(unsigned int index, struct gpu *g) {
     return r;
 }
 
+/* GPU ``index`` into g; 0 (said on stderr, kept for the exit status) if NVML cannot */
+int gpu_get(unsigned int index, struct gpu *g) {
+    nvmlReturn_t r = gpu_load(index, g);
+    if (r == R_SUCCESS)
+        return 1;
+    char what[64];
+    snprintf(what, sizeof what, "GPU %u", index);
+    fail(what, r);
+    return 0;
+}
+
 /* the indices -i selects (all when ids is NULL); returns their number or -1 */
 static int select_gpus(const char *ids, unsigned int count, unsigned int *out) {
     if (!ids) {
@@ -97,13 +108,8 @@ static int select_gpus(const char *ids, unsigned int count, unsigned int *out) {
 static void list_gpus(const unsigned int *sel, int n) {
     for (int k = 0; k < n; k++) {
         struct gpu g;
-        nvmlReturn_t r = gpu_load(sel[k], &g);
-        if (r != R_SUCCESS) {
-            char what[64];
-            snprintf(what, sizeof what, "GPU %u", sel[k]);
-            fail(what, r);
+        if (!gpu_get(sel[k], &g))
             continue;
-        }
         printf("GPU %u: %s (UUID: %s)\n", g.index, g.name, g.uuid);
         unsigned int max = 0;
         if (nvmlDeviceGetMaxMigDeviceCount(g.h, &max) != R_SUCCESS)
@@ -143,13 +149,8 @@ static void summary(const unsigned int *sel, int n) {
     int migs = 0;
     for (int k = 0; k < n; k++) {
         struct gpu g;
-        nvmlReturn_t r = gpu_load(sel[k], &g);
-        if (r != R_SUCCESS) {
-            char what[64];
-            snprintf(what, sizeof what, "GPU %u", sel[k]);
-            fail(what, r);
+        if (!gpu_get(sel[k], &g))
             continue;
-        }
         char used[32], total[32], numa[16], mode[16];
         field_value(F_MEM_USED, &g, 0, 0, used, sizeof used);
         field_value(F_MEM_TOTAL, &g, 0, 0, total, sizeof total);

@@ -66,6 +66,7 @@ extern int g_status; /* the exit status: the last NVML error that mattered */
 
 void fail(const char *what, nvmlReturn_t r);
 nvmlReturn_t gpu_load(unsigned int index, struct gpu *g);
+int gpu_get(unsigned int index, struct gpu *g); /* gpu_load, failure reported */
 /* one field's value for GPU g into out; "[N/A]" where NVML has none */
 void field_value(int f, const struct gpu *g, unsigned int count, int units, char *out, size_t n);
 int query_gpu(const char *spec, const char *format, const unsigned int *sel, int n,

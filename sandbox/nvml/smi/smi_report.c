@@ -128,13 +128,8 @@ int query_gpu(const char *spec, const char *format, const unsigned int *sel, int
     }
     for (int k = 0; k < n; k++) {
         struct gpu g;
-        nvmlReturn_t r = gpu_load(sel[k], &g);
-        if (r != R_SUCCESS) {
-            char what[64];
-            snprintf(what, sizeof what, "GPU %u", sel[k]);
-            fail(what, r);
+        if (!gpu_get(sel[k], &g))
             continue;
-        }
         for (int j = 0; j < nf; j++) {
             char value[128];
             field_value(fields[j], &g, count, units, value, sizeof value);
@@ -157,13 +152,8 @@ void report(const unsigned int *sel, int n, unsigned int count) {
     printf("%-36s: %u\n", "Attached GPUs", count);
     for (int k = 0; k < n; k++) {
         struct gpu g;
-        nvmlReturn_t r = gpu_load(sel[k], &g);
-        if (r != R_SUCCESS) {
-            char what[64];
-            snprintf(what, sizeof what, "GPU %u", sel[k]);
-            fail(what, r);
+        if (!gpu_get(sel[k], &g))
             continue;
-        }
         char v[128];
         printf("\nGPU %s\n", g.pci.busId);
         static const struct {
