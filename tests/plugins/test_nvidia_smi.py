@@ -12,7 +12,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -150,15 +149,6 @@ def test_mig_listing_says_what_the_state_file_says(tmp_path: Path) -> None:
     result = smi(plain, "mig", "-lgi")
     assert (result.returncode, result.stdout.count("\n")) == (0, 1)
     assert "No GPU instances" in result.stderr
-
-
-@pytest.fixture
-def nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[N.Nvml]:
-    lib = N.Nvml(nvml_library())
-    monkeypatch.setenv("HWSANDBOX_NVML_REFRESH_MS", "0")
-    yield lib
-    while lib.nvmlShutdown() == N.SUCCESS:
-        pass
 
 
 def nvml_view(nvml: N.Nvml, root: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,15 +41,6 @@ def rendered(profile: str, out: Path) -> Path:
     cluster = load_profile(str(PROFILES / profile)).cluster
     render(build_tree(cluster.nodes[0]), out)
     return out
-
-
-@pytest.fixture
-def nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[N.Nvml]:
-    lib = N.Nvml(nvml_library())
-    monkeypatch.setenv("HWSANDBOX_NVML_REFRESH_MS", "0")  # every call sees the tree now
-    yield lib
-    while lib.nvmlShutdown() == N.SUCCESS:
-        pass
 
 
 def init(nvml: N.Nvml, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

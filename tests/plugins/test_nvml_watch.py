@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,15 +25,6 @@ from tests.support.paths import REPO
 from tests.support.thirdparty import live_node
 
 pytestmark = [pytest.mark.root, pytest.mark.fuse]
-
-
-@pytest.fixture
-def nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[N.Nvml]:
-    lib = N.Nvml(nvml_library())
-    monkeypatch.setenv("HWSANDBOX_NVML_REFRESH_MS", "0")
-    yield lib
-    while lib.nvmlShutdown() == N.SUCCESS:
-        pass
 
 
 def test_the_control_sockets_change_stream_wakes_the_poller(
