@@ -159,8 +159,15 @@ static int watch_wait_locked(int fd) {
     pthread_mutex_unlock(&g_lock);
     struct pollfd p[2] = {{.fd = fd, .events = POLLIN}, {.fd = g_wake[0], .events = POLLIN}};
     if (poll(p, 2, (int)poll_interval()) > 0 && p[0].revents) {
+        /* everything queued now is one wake-up: a burst of changes (or a flood) costs one
+         * re-read, not one per chunk; bounded, so a sender that never stops cannot keep
+         * this thread from its re-read */
         char buf[4096];
-        ssize_t got = recv(fd, buf, sizeof buf, MSG_DONTWAIT); /* the rest comes next time */
+        ssize_t got;
+        int chunks = 0;
+        do
+            got = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        while (got > 0 && ++chunks < 64);
         if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
             logf_("watch: the control socket's stream ended; polling instead");
             close(fd);
