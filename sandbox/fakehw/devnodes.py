@@ -17,6 +17,9 @@ Modes are the tree's, never wider than 0660, and the caller's umask applies (no 
 it): nodes are root's. The FUSE tree itself keeps the tree's numbers (readers compare them
 with ``/sys/dev/char/M:m``); it is mounted ``nodev``, so they open nothing.
 ``render --mknod --real-numbers`` is the one documented way to the tree's own numbers.
+Containers get the same rule from the runtime wrapper in front of runc
+(``sandbox/runtimes/oci-cpumap``): a device entry whose numbers the node lacks at that path
+is made a 1:3 stand-in, whatever a device plugin or a CDI spec asked for.
 """
 
 from __future__ import annotations

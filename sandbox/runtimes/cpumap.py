@@ -8,6 +8,11 @@ images have no python3. This module owns writing that script with the real runc 
 (``install``; ``script_text`` for runtimes that write files into a node themselves) and
 ``map_cpulist``, the same rule in Python, which the tests use as their oracle. Design:
 docs/kubelet-topology-notes.md, section 4 (a).
+
+The same wrapper keeps device numbers honest (``sandbox.fakehw.devnodes``' rule, enforced
+where every container is made): a device entry whose numbers the node does not have at
+that path (a CDI spec's explicit MIG numbers, for one) becomes a char 1:3 stand-in, with the
+cgroup rules that allowed it (tests/runtimes/test_oci_devices.py).
 """
 
 from __future__ import annotations

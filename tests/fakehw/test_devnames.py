@@ -14,7 +14,7 @@ import pytest
 
 from sandbox.errors import ProfileError
 from sandbox.fakehw.builder import build_tree
-from sandbox.fakehw.tree import BlockDevice, CharDevice, Dir
+from sandbox.fakehw.tree import BlockDevice, CharDevice, Dir, File
 from sandbox.profile import load_profile, load_profile_text
 from sandbox.profile.resolve.devnames import (
     class_owner,
@@ -56,6 +56,30 @@ def test_the_table_covers_every_tree_the_builder_makes(path: Path) -> None:
                 for name in entry.children:
                     assert BDF.match(name) or name in generic_classes \
                         or class_owner(name, drivers), f"{node.name}: {p}/{name}"
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=lambda p: p.stem)
+def test_proc_devices_lists_every_major_the_tree_uses(path: Path) -> None:
+    """/proc/devices (fs/char_dev.c's chrdev_show, block/genhd.c's blkdev_show): every char
+    and block major of the tree's /dev under its section, sorted, ``%3d name``."""
+    for node in load_profile(path).cluster.nodes:
+        tree = build_tree(node)
+        entry = tree.get("proc/devices")
+        assert isinstance(entry, File), node.name
+        text = entry.data.decode()
+        chars, _, blocks = text.partition("\n\nBlock devices:\n")
+        assert chars.startswith("Character devices:\n"), text
+        assert text.endswith("\n"), text
+        listed = {section: [(int(line[:3]), line[4:]) for line in body.splitlines()[1:]
+                            if line] for section, body in (("c", chars), ("b", "x\n" + blocks))}
+        for lines in listed.values():
+            assert [m for m, _ in lines] == sorted(m for m, _ in lines), text
+            assert all(re.fullmatch(r"[ \d]{2}\d [^\s].*", f"{m:3d} {n}") for m, n in lines)
+        for p, dev in tree.walk():
+            if isinstance(dev, CharDevice):
+                assert dev.major in {m for m, _ in listed["c"]}, f"{node.name}: {p}\n{text}"
+            elif isinstance(dev, BlockDevice):
+                assert dev.major in {m for m, _ in listed["b"]}, f"{node.name}: {p}\n{text}"
 
 
 NODE = """apiVersion: hwsandbox.dev/v1alpha1

@@ -109,6 +109,23 @@ def test_real_runc_version_is_unchanged(tmp_path: Path) -> None:
                                                                     direct.stderr)
 
 
+def real_bundle(runc: str, b: Path, tool: str) -> Path:
+    """An OCI bundle at ``b`` for the real runc: ``runc spec``'s config and a rootfs holding
+    this machine's ``tool`` at ``/<tool>`` with the libraries it links."""
+    rootfs = b / "rootfs"
+    rootfs.mkdir(parents=True)
+    binary = Path(shutil.which(tool) or f"/bin/{tool}").resolve()
+    shutil.copy2(binary, rootfs / tool)
+    libs = subprocess.run(["ldd", str(binary)], capture_output=True, text=True,
+                          check=True).stdout
+    for lib in {w for w in libs.split() if w.startswith("/")}:
+        target = rootfs / lib.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(lib, target)
+    subprocess.run([runc, "spec"], cwd=b, check=True)
+    return b
+
+
 def first_line(*paths: str) -> str:
     for path in paths:
         try:
@@ -138,17 +155,7 @@ def test_real_runc_runs_a_container_with_emulated_cpusets(tmp_path: Path) -> Non
     cpus = f"0-{max(63, last_id(allowed_cpus) + 1)}"
     mems = str(max(1, last_id(allowed_mems) + 1))
 
-    b = tmp_path / "bundle"
-    rootfs = b / "rootfs"
-    rootfs.mkdir(parents=True)
-    cat = Path(shutil.which("cat") or "/bin/cat").resolve()
-    shutil.copy2(cat, rootfs / "cat")
-    libs = subprocess.run(["ldd", str(cat)], capture_output=True, text=True, check=True).stdout
-    for lib in {w for w in libs.split() if w.startswith("/")}:
-        target = rootfs / lib.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(lib, target)
-    subprocess.run([runc, "spec"], cwd=b, check=True)
+    b = real_bundle(runc, tmp_path / "bundle", "cat")
     spec = json.loads((b / "config.json").read_text())
     spec["process"]["terminal"] = False
     spec["process"]["args"] = ["/cat", "/proc/self/status"]

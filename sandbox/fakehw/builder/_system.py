@@ -1,7 +1,9 @@
 """Node-wide kernel interfaces beside CPUs and NUMA nodes: bus links for CPUs, NUMA nodes
 and memory blocks, memory blocks (``sys/devices/system/memory``), ``/proc/swaps``, DMI
 (``sys/devices/virtual/dmi/id`` and the SMBIOS tables ``sys/firmware/dmi/tables``, encoded
-by ``_smbios``) and IOMMU units (``sys/class/iommu``).
+by ``_smbios``), IOMMU units (``sys/class/iommu``) and ``/proc/devices`` (the char and
+block majors the node's drivers registered, by the names fs/char_dev.c and block/genhd.c
+print; NVIDIA's DRA driver reads nvidia-caps' major there).
 
 All of it depends on the node alone, so it belongs to the base tree every build grafts.
 Kernel documents: Documentation/ABI/testing/sysfs-devices-memory,
@@ -15,6 +17,7 @@ from __future__ import annotations
 from sandbox.fakehw.builder._common import RO, RW, WO, Ctx
 from sandbox.fakehw.builder._cpu import CPU, NODE, swap_kb
 from sandbox.fakehw.builder._smbios import dmi_values, smbios_tables
+from sandbox.profile.resolve.devnames import BLOCK_EXT_MAJOR, node_class, owners
 
 MEMORY = "sys/devices/system/memory"
 MiB, GiB = 2**20, 2**30
@@ -55,6 +58,7 @@ def add_system(ctx: Ctx) -> None:
     _dmi(ctx)
     _smbios(ctx)
     _iommu(ctx)
+    _proc_devices(ctx)
 
 
 def _bus_links(ctx: Ctx) -> None:
@@ -173,3 +177,28 @@ def _iommu(ctx: Ctx) -> None:
         ctx.dir(f"{base}/devices")
         ctx.link(f"{base}/subsystem", "sys/class/iommu")
         ctx.link(f"sys/class/iommu/{name}", base)
+
+
+# What every x86-64 machine has registered besides the emulated drivers (a typical kernel's).
+BASE_CHRDEVS = ((4, "/dev/vc/0"), (4, "tty"), (4, "ttyS"), (5, "/dev/tty"), (5, "/dev/console"),
+                (5, "/dev/ptmx"), (7, "vcs"), (13, "input"), (128, "ptm"), (136, "pts"))
+BASE_BLKDEVS = ((7, "loop"), (BLOCK_EXT_MAJOR, "blkext"))
+
+
+def _proc_devices(ctx: Ctx) -> None:
+    """``/proc/devices`` as chrdev_show/blkdev_show print it: ``%3d %s`` per registered
+    region, by major (a major's regions in registration order). A generic device's own
+    major is listed under its class name (``accel``, or ``generic`` for a bare name)."""
+    chars = list(BASE_CHRDEVS)
+    for driver in owners(ctx.node):
+        chars += driver.chrdevs
+    known = {major for major, _ in chars}
+    for d in ctx.node.devices:
+        for n in d.generic.dev_nodes if d.generic is not None else ():
+            if n.major not in known:
+                chars.append((n.major, node_class(n.name)[0]))
+                known.add(n.major)
+    ordered = sorted(dict.fromkeys(chars), key=lambda c: c[0])  # stable: regions stay in order
+    text = "Character devices:\n" + "".join(f"{m:3d} {name}\n" for m, name in ordered)
+    text += "\nBlock devices:\n" + "".join(f"{m:3d} {name}\n" for m, name in BASE_BLKDEVS)
+    ctx.file("proc/devices", text)

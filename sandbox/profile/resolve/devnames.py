@@ -54,6 +54,7 @@ class Driver:
     majors: tuple[int, ...] = ()  # char majors, whole
     numbers: tuple[tuple[int, int], ...] = ()  # char (major, minor) pairs
     classes: tuple[str, ...] = ()  # sys/class names
+    chrdevs: tuple[tuple[int, str], ...] = ()  # its lines of /proc/devices: (major, name)
 
 
 def _nvidia(n: NodeSpec) -> bool:
@@ -96,25 +97,34 @@ def _always(_n: NodeSpec) -> bool:
 # a PCI function's directory (a generic node's class directory is made there).
 DRIVERS = (
     (_always, Driver("the mem driver", names=("null", "zero", "full", "random", "urandom"),
-                     majors=(MEM_MAJOR,), classes=("mem",))),
+                     majors=(MEM_MAJOR,), classes=("mem",), chrdevs=((MEM_MAJOR, "mem"),))),
     (_always, Driver("the vfio driver", dirs=("vfio",), numbers=((MISC_MAJOR, VFIO_MINOR),),
-                     classes=("misc", "vfio"))),
+                     classes=("misc", "vfio"), chrdevs=((MISC_MAJOR, "misc"),))),
     (_always, Driver("the kernel", dirs=("char", "block"),
                      classes=("block", "net", "dmi", "iommu"))),
-    (_vfio_groups, Driver("the vfio-pci driver", majors=(VFIO_GROUP_MAJOR,))),
+    (_vfio_groups, Driver("the vfio-pci driver", majors=(VFIO_GROUP_MAJOR,),
+                          chrdevs=((VFIO_GROUP_MAJOR, "vfio"),))),
     (_nvidia, Driver("the nvidia driver", names=(r"nvidia.*",), dirs=("nvidia-caps",),
-                     majors=(NVIDIA_MAJOR, NVIDIA_UVM_MAJOR, NVIDIA_CAPS_MAJOR))),
-    (_drm, Driver("the drm driver", dirs=("dri",), majors=(DRM_MAJOR,), classes=("drm",))),
-    (_amd, Driver("the amdkfd driver", names=("kfd",), majors=(KFD_MAJOR,), classes=("kfd",))),
+                     majors=(NVIDIA_MAJOR, NVIDIA_UVM_MAJOR, NVIDIA_CAPS_MAJOR),
+                     chrdevs=((NVIDIA_MAJOR, "nvidia-frontend"), (NVIDIA_UVM_MAJOR, "nvidia-uvm"),
+                              (NVIDIA_CAPS_MAJOR, "nvidia-caps")))),
+    (_drm, Driver("the drm driver", dirs=("dri",), majors=(DRM_MAJOR,), classes=("drm",),
+                  chrdevs=((DRM_MAJOR, "drm"),))),
+    (_amd, Driver("the amdkfd driver", names=("kfd",), majors=(KFD_MAJOR,), classes=("kfd",),
+                  chrdevs=((KFD_MAJOR, "kfd"),))),
     (_rdma, Driver("the ib_core driver", dirs=("infiniband",),
                    majors=(IB_MAJOR, UMAD_DYNAMIC_MAJOR, UVERBS_DYNAMIC_MAJOR),
                    numbers=((MISC_MAJOR, RDMA_CM_MINOR),),
-                   classes=("infiniband", "infiniband_mad", "infiniband_verbs"))),
+                   classes=("infiniband", "infiniband_mad", "infiniband_verbs"),
+                   chrdevs=((IB_MAJOR, "infiniband_mad"), (IB_MAJOR, "infiniband_verbs"),
+                            (UMAD_DYNAMIC_MAJOR, "infiniband_mad"),
+                            (UVERBS_DYNAMIC_MAJOR, "infiniband_verbs")))),
     (_dfl, Driver("the dfl driver", names=(r"dfl-fme\.\d+", r"dfl-port\.\d+"),
-                  majors=(DFL_FME_MAJOR, DFL_PORT_MAJOR))),
+                  majors=(DFL_FME_MAJOR, DFL_PORT_MAJOR),
+                  chrdevs=((DFL_FME_MAJOR, "dfl-fme"), (DFL_PORT_MAJOR, "dfl-port")))),
     (_fpga, Driver("the fpga-region driver", classes=("fpga_region",))),
     (_nvme, Driver("the nvme driver", names=(r"nvme\d+(n\d+)?",), majors=(NVME_CHAR_MAJOR,),
-                   classes=("nvme", "nvme-subsystem"))),
+                   classes=("nvme", "nvme-subsystem"), chrdevs=((NVME_CHAR_MAJOR, "nvme"),))),
 )
 
 # What the builder puts in a PCI function's directory besides class directories: a generic
