@@ -14,3 +14,10 @@ def cache_root() -> Path:
     base = os.environ.get("HWSANDBOX_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "hw-sandbox")
     return Path(base)
+
+
+# containerd 2.x (CDI built in), built from source by scripts/build-containerd for the native
+# runtime and the kind node image: Debian 12's containerd 1.6 has no CDI, so a DRA driver's
+# devices would never reach a pod.
+CONTAINERD_VERSION = os.environ.get("HWSANDBOX_CONTAINERD_VERSION", "2.4.2")
+CONTAINERD_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr")

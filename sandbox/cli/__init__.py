@@ -130,8 +130,9 @@ def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
 
 def versions() -> str:
     """This sandbox's version and the versions of what it builds and runs."""
+    from sandbox.cache import CONTAINERD_VERSION
     from sandbox.images.node import KIND_VERSION
-    from sandbox.runtimes.native.common import CONTAINERD_VERSION, K8S_VERSION
+    from sandbox.runtimes.native.common import K8S_VERSION
 
     return (f"sandbox {__version__} (Kubernetes v{K8S_VERSION}, kind {KIND_VERSION}, "
             f"containerd v{CONTAINERD_VERSION})")

@@ -6,7 +6,10 @@ way kind builds its own images (``images/base`` and ``pkg/build/nodeimage`` of t
 kind module), from:
 
 - a Debian rootfs made by ``mmdebstrap`` from Debian packages (kind's package list plus
-  Debian's containerd, runc and CNI plugins);
+  Debian's runc and CNI plugins, and its containerd 1.6, which the image does not run);
+- containerd 2.x as ``scripts/build-containerd`` builds it (the native runtime's), in
+  ``/usr/local/bin`` where kind's units look: with CDI built in, so a DRA driver's devices
+  reach pods as on stock kindest/node images (Debian's 1.6 has no CDI);
 - kind's base files (entrypoint, systemd units, containerd config) read at build time
   from the kind module in the Go module cache, never committed;
 - the Kubernetes binaries ``scripts/build-k8s`` builds (kubeadm, kubelet, kubectl, the
@@ -39,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sandbox.cache import cache_root
+from sandbox.cache import CONTAINERD_TOOLS, CONTAINERD_VERSION, cache_root
 from sandbox.commands import run
 from sandbox.errors import ImageBuildError, SandboxError
 from sandbox.images import agent, deps, dockerload, oci, rootfs, tarfiles
@@ -114,6 +117,10 @@ def _k8s_bin_dir() -> Path:
     return cache_root() / "k8s" / f"v{K8S_VERSION}" / "bin"
 
 
+def _containerd_bin_dir() -> Path:
+    return cache_root() / "containerd" / f"v{CONTAINERD_VERSION}" / "bin"
+
+
 def component_images(bin_dir: Path, work: Path, progress: Progress) -> list[Path]:
     """OCI archives of every image kubeadm needs that the minimal shape runs."""
     listed = run([str(bin_dir / "kubeadm"), "config", "images", "list",
@@ -154,8 +161,8 @@ def component_images(bin_dir: Path, work: Path, progress: Progress) -> list[Path
 
 SETUP_SCRIPT = r"""
 set -eu
-# Debian installs containerd and runc under /usr; kind's units and config expect /usr/local.
-for b in containerd ctr containerd-shim-runc-v2; do ln -sf /usr/bin/$b /usr/local/bin/$b; done
+# Debian installs runc under /usr; kind's units and config expect /usr/local (containerd is
+# ours there already).
 mkdir -p /usr/local/sbin /opt/cni/bin && ln -sf /usr/sbin/runc /usr/local/sbin/runc
 for p in /usr/lib/cni/*; do ln -sf "$p" /opt/cni/bin/; done
 hook='{"path": "/kind/bin/mount-product-files.sh"}'
@@ -189,6 +196,12 @@ def build_node_image(progress: Progress = say, *, force: bool = False) -> str:
     if missing:
         raise ImageBuildError(f"node image: {', '.join(missing)} missing in {bin_dir} "
                               "(run scripts/build-k8s)")
+    cbin = _containerd_bin_dir()
+    missing = [t for t in CONTAINERD_TOOLS if not (cbin / t).is_file()]
+    if missing:
+        raise ImageBuildError(f"node image: {', '.join(missing)} missing in {cbin} (run "
+                              f"scripts/build-containerd: containerd v{CONTAINERD_VERSION} with "
+                              "CDI)")
     node_rootfs = build_rootfs("node", NODE_PACKAGES, progress)
     # the sandbox image's Debian and dependency layers, preloaded so that `sandbox up`
     # ships only our packages (agent.py)
@@ -201,7 +214,8 @@ def build_node_image(progress: Progress = say, *, force: bool = False) -> str:
     key = hashlib.sha256(b"\0".join([
         node_rootfs.name.encode(), KIND_VERSION.encode(), K8S_VERSION.encode(), here,
         *(d.encode() for d in preloaded),
-        *(str((bin_dir / b).stat().st_size).encode() for b in needed)])).hexdigest()[:16]
+        *(str((bin_dir / b).stat().st_size).encode() for b in needed),
+        *(str((cbin / t).stat().st_size).encode() for t in CONTAINERD_TOOLS)])).hexdigest()[:16]
     if not force and image_label(NODE_IMAGE, KEY_LABEL) == key:
         progress(f"node image {NODE_IMAGE} is current")
         return NODE_IMAGE
@@ -217,6 +231,7 @@ def build_node_image(progress: Progress = say, *, force: bool = False) -> str:
         archives.append(layers)
         files: dict[str, bytes | Path] = {f"/usr/bin/{b}": bin_dir / b
                                           for b in ("kubeadm", "kubelet", "kubectl")}
+        files.update({f"/usr/local/bin/{t}": cbin / t for t in CONTAINERD_TOOLS})
         files["/kind/version"] = f"v{K8S_VERSION}".encode()
         files["/kind/manifests/default-storage.yaml"] = STORAGE_MANIFEST.encode()
         files["/etc/cni/net.d/10-kindnet.conflist"] = json.dumps(CNI_CONFLIST, indent=2).encode()
@@ -229,7 +244,8 @@ def build_node_image(progress: Progress = say, *, force: bool = False) -> str:
                   "dev.hwsandbox.kubernetes.version": f"v{K8S_VERSION}"}
         docker_load(base, [node_rootfs, _basefiles_layer(kind_dir),
                            layer_tar(files, {"/usr/bin/kubeadm", "/usr/bin/kubelet",
-                                             "/usr/bin/kubectl", "/kind/hwsb-setup.sh"})],
+                                             "/usr/bin/kubectl", "/kind/hwsb-setup.sh",
+                                             *(f"/usr/local/bin/{t}" for t in CONTAINERD_TOOLS)})],
                     {"Env": [PATH, "container=docker"],
                      "Entrypoint": ["/usr/local/bin/entrypoint", "/sbin/init"],
                      "StopSignal": "SIGRTMIN+3", "Labels": labels})

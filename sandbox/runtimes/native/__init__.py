@@ -51,6 +51,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
+from sandbox.cache import CONTAINERD_TOOLS, CONTAINERD_VERSION
 from sandbox.commands import run
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.images.pause import BUSYBOX
@@ -77,8 +78,6 @@ from sandbox.runtimes.native.common import (
     CNI_BIN_DIR,
     CNI_PLUGINS,
     CONTAINERD_BUILD_HINT,
-    CONTAINERD_TOOLS,
-    CONTAINERD_VERSION,
     DEVICE_PLUGINS_DIR,
     DRA_DRIVER_ENV,
     HOST_TOOLS,

@@ -14,13 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox import supervisor
+from sandbox.cache import CONTAINERD_VERSION
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.supervisor import Proc
 
 K8S_VERSION = os.environ.get("HWSANDBOX_K8S_VERSION", "1.37.2")
-# containerd 2.x (CDI built in), built by scripts/build-containerd; Debian's 1.6 has no CDI
-CONTAINERD_VERSION = os.environ.get("HWSANDBOX_CONTAINERD_VERSION", "2.4.2")
-CONTAINERD_TOOLS = ("containerd", "containerd-shim-runc-v2", "ctr")
 
 PAUSE_REF = "localhost/hw-sandbox/pause:1"
 BUSYBOX_REF = "localhost/hw-sandbox/busybox:1"
@@ -116,6 +114,12 @@ class Layout:
     @property
     def cni(self) -> Path:
         return self.state / "cni"
+
+    @property
+    def nri(self) -> Path:
+        """containerd's NRI socket dir (``nri.sock``): a DRA driver's NRI plugin meets the
+        sandbox's containerd here, never a host-wide /var/run/nri."""
+        return self.state / "nri"
 
     @property
     def kubelet(self) -> Path:
