@@ -292,3 +292,34 @@ def test_char_device_nodes_count_as_present(tmp_path: Path) -> None:
     node.unlink()
     (dev,) = discover(tmp_path)
     assert (dev.health, dev.reason) == ("Unhealthy", "/dev/nvidia0 missing")
+
+
+def test_cdi_specs_resolve_every_name_allocate_gives(tmp_path: Path, sockdir: Path) -> None:
+    """--cdi-dir: the CDI names of Allocate resolve in the specs the plugin keeps there
+    (what containerd 2.x reads from /var/run/cdi), with the same device nodes as the
+    DeviceSpecs; an unplugged GPU leaves them; a stopped plugin takes them away."""
+    root, cdi = tmp_path / "root", tmp_path / "cdi"
+    gpus = write_nvidia_tree(root, gpus=8, numa_nodes=2)
+    with DeviceManager(sockdir) as dm:
+        proc = _start_plugin(root, dm.directory, "--cdi-dir", str(cdi))
+        try:
+            dm.wait_registered(GPU, timeout=10)
+            spec_file = cdi / "hwsandbox-deviceplugin-nvidia.com-gpu.json"
+            spec = json.loads(spec_file.read_text())
+            assert (spec["cdiVersion"], spec["kind"]) == ("0.6.0", "nvidia.com/gpu")
+            named = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]]
+                     for d in spec["devices"]}
+            assert sorted(named) == sorted(g.uuid for g in gpus)
+            alloc = dm.allocate(GPU, 2)
+            for name in alloc.cdi_devices:
+                kind, _, device = name.partition("=")
+                assert kind == spec["kind"]
+                assert set(named[device]) <= {c for c, _, _ in alloc.devices}, named[device]
+            remove_gpu(root, gpus[7])
+            dm.wait_for(lambda s: s.capacity(GPU) == 7, 5, "capacity 7")
+            after = json.loads(spec_file.read_text())
+            assert gpus[7].uuid not in {d["name"] for d in after["devices"]}
+            assert [p.name for p in cdi.iterdir()] == [spec_file.name]  # no temporary left
+        finally:
+            _stop_plugin(proc)
+    assert list(cdi.iterdir()) == []

@@ -76,6 +76,14 @@ def _parser() -> argparse.ArgumentParser:
         default="hwplugins",
         help="socket file names are PREFIX-<resource>.sock (default: hwplugins)",
     )
+    p.add_argument(
+        "--cdi-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep CDI specs for the CDI names Allocate answers with in DIR (a directory "
+        "the container runtime reads, such as /var/run/cdi), so a runtime with CDI "
+        "(containerd 2.x) resolves them; removed on exit",
+    )
     p.add_argument("--list", action="store_true", help="print the devices found as JSON and exit")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
@@ -134,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         stop=stop,
         watch=args.watch,
         resync=args.resync,
+        cdi_dir=args.cdi_dir,
     )
     if signals:
         logging.getLogger("hwplugins.deviceplugin").info("signal %d: stopped", signals[0])

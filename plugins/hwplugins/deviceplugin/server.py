@@ -24,6 +24,7 @@ import grpc
 
 from hwplugins.api import deviceplugin_v1beta1_pb2 as pb
 from hwplugins.api import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from hwplugins.deviceplugin.cdi import SpecDir
 from hwplugins.deviceplugin.config import Config
 from hwplugins.deviceplugin.discovery import Device, group
 from hwplugins.deviceplugin.packing import pack
@@ -261,11 +262,15 @@ def run(
     stop: threading.Event,
     watch: Path | None = None,
     resync: float = 30.0,
+    cdi_dir: Path | None = None,
 ) -> None:
     """Rescan, serve and register until ``stop`` is set; then stop every server. With
     ``watch`` (a live tree's control socket) rescan on its change events and every
-    ``resync`` seconds, else every ``interval`` seconds (see ``hwplugins.watch``)."""
+    ``resync`` seconds, else every ``interval`` seconds (see ``hwplugins.watch``). With
+    ``cdi_dir``, the CDI specs of the names Allocate answers with are kept there (written
+    before the first registration, so every name resolves)."""
     plugins: dict[str, ResourcePlugin] = {}
+    cdi = SpecDir(cdi_dir) if cdi_dir is not None else None
     rescans = Rescans(interval, watch, resync)
     scanner = Scanner(root, config.ignore)
     try:
@@ -278,6 +283,8 @@ def run(
                 for dev in group(found, config.rules, scanner.root.dev_exists):
                     if not config.only or dev.resource in config.only:
                         grouped.setdefault(dev.resource, []).append(dev)
+                if cdi is not None:
+                    cdi.update(d for devs in grouped.values() for d in devs)
                 for resource in sorted(grouped.keys() | plugins.keys()):
                     plugin = plugins.get(resource)
                     if plugin is None:
@@ -300,4 +307,6 @@ def run(
         rescans.close()
         for plugin in plugins.values():
             plugin.close()
+        if cdi is not None:
+            cdi.close()
         log.info("stopped")
