@@ -68,7 +68,15 @@ class MountError(SandboxError):
 
 
 class ControlError(SandboxError):
-    """The control API refused a request or could not be reached."""
+    """The control API refused a request or could not be reached.
+
+    ``code`` names the kind of refusal where a client maps it onto its own errors (our
+    NVML turns MIG refusals into NVML's return codes): ``insufficient-resources``,
+    ``invalid-argument``, ``not-supported``, ``not-found``, ``in-use``."""
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ScenarioError(SandboxError):

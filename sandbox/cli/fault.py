@@ -125,8 +125,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "reset", help="put devices back as the profile starts them",
         description="Put a node's devices (or one device) back in the state the sandbox's "
         "profile starts them in: plugged in (or not), healthy (or the profile's own fault), "
-        "the profile's SR-IOV VF count. Each device that changes is one ordinary change "
-        "(plug, health, set-vfs), seen by plugins as any fault is; one line per device. "
+        "the profile's SR-IOV VF count, the profile's MIG mode and instances. Each device "
+        "that changes is one ordinary change (plug, health, set-vfs, mig-reset), seen by "
+        "plugins as any fault is; one line per device. "
         "Reads the sandbox's profile, so it takes --name, not --socket.")
     rs.add_argument("node", help=NODE_HELP)
     rs.add_argument("device", nargs="?", help="only this device (default: every device)")
@@ -262,7 +263,7 @@ def _reset_steps(dev: str, now: DeviceState, start: DeviceState, num_vfs: int | 
     state), in an order the server's rules allow (``next_state``): plugged in first (a
     plug of a device that fell off the bus also heals it), then its health, then unplugged
     if the profile starts it so, then its VF count (``num_vfs``: the profile's; None: no
-    SR-IOV)."""
+    SR-IOV), then its MIG mode and instances (as NVML calls may have changed them)."""
     steps: list[Callable[[ControlClient], dict[str, Any]]] = []
     cur = now
     if not cur.plugged and start.plugged:
@@ -276,6 +277,8 @@ def _reset_steps(dev: str, now: DeviceState, start: DeviceState, num_vfs: int | 
         steps.append(lambda c: c.unplug(dev))
     if num_vfs is not None and (now.port_vfs or now.num_vfs not in (None, num_vfs)):
         steps.append(lambda c: c.set_vfs(dev, num_vfs))
+    if now.mig_mode is not None or now.mig is not None:  # NVML changed its MIG instances
+        steps.append(lambda c: c.request("mig-reset", device=dev))
     return steps
 
 
@@ -337,6 +340,18 @@ class _Progress:
               flush=True)
 
 
+def _mig_cell(info: dict[str, Any]) -> str:
+    """A MIG GPU's instances for ``fault list``: ``gi1 3g.40gb@0, gi5 1g.10gb@6 (no CI)``;
+    ``off`` in MIG mode off; empty for other devices."""
+    if "mig_mode" not in info:
+        return ""
+    if not info["mig_mode"]:
+        return "off"
+    cells = [f"gi{g['gi']} {g['profile']}@{g['start']}" + ("" if g["ci"] else " (no CI)")
+             for g in info.get("mig") or ()]
+    return ", ".join(cells) or "none"
+
+
 def _list(args: argparse.Namespace) -> int:
     nodes: dict[str, Callable[[], AbstractContextManager[Path]]]
     if args.socket is not None:
@@ -348,6 +363,7 @@ def _list(args: argparse.Namespace) -> int:
         if args.node and not nodes:
             session.socket(args.node)  # raises with the known nodes
     rows = []
+    migs: list[str] = []
     data = {}
     for node, reach in nodes.items():
         with reach() as sock, ControlClient(sock, node=None if node == "-" else node) as client:
@@ -368,12 +384,16 @@ def _list(args: argparse.Namespace) -> int:
                     if ports else state.get("num_vfs")
                 row += (info.get("vendor", ""), info.get("model", ""),
                         "" if vfs is None else vfs)
+            migs.append(_mig_cell(info))
             rows.append(row)
     headers = ("NODE", "DEVICE", "KIND", "PCI ADDRESS", "NUMA", "HEALTH", "REASON")
     if args.output in ("json", "yaml"):
         dump(data, args.output)
     else:
-        wide = ("VENDOR", "MODEL", "VFS") if args.output == "wide" else ()
+        wide: tuple[str, ...] = ("VENDOR", "MODEL", "VFS") if args.output == "wide" else ()
+        if any(migs):  # MIG GPUs: their live GPU instances (docs/nvml.md, "Dynamic MIG")
+            rows = [(*row, mig) for row, mig in zip(rows, migs, strict=True)]
+            wide += ("MIG",)
         print(table((*headers, *wide), rows))
     return 0
 

@@ -12,10 +12,15 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from sandbox.errors import ControlError
-from sandbox.fakehw.tree import DeviceState, Health, Reason
+from sandbox.fakehw import mig as migrule
+from sandbox.fakehw.tree import DeviceState, Health, MigGeometry, Reason
 
-Op = Literal["health", "unplug", "plug", "set-vfs"]
-OPS: tuple[Op, ...] = ("health", "unplug", "plug", "set-vfs")
+Op = Literal["health", "unplug", "plug", "set-vfs", "mig-mode", "gi-create", "gi-destroy",
+             "ci-create", "ci-destroy", "mig-reset"]
+OPS: tuple[Op, ...] = ("health", "unplug", "plug", "set-vfs", "mig-mode", "gi-create",
+                       "gi-destroy", "ci-create", "ci-destroy", "mig-reset")
+# what faults (the CLI, scenarios) do; the MIG ops are NVML's (sandbox.fakehw.mig)
+FAULT_OPS: tuple[Op, ...] = ("health", "unplug", "plug", "set-vfs")
 
 
 @dataclass(frozen=True)
@@ -28,6 +33,13 @@ class Change:
     reason: Reason | None = None
     num_vfs: int | None = None
     port: int | None = None  # set-vfs: one physical function (0-based) instead of all
+    # MIG (sandbox.fakehw.mig): mig-mode's mode; a GPU or compute instance profile id,
+    # a placement's start, a GPU / compute instance id
+    enabled: bool | None = None
+    profile: int | None = None
+    start: int | None = None
+    gi: int | None = None
+    ci: int | None = None
 
     def __post_init__(self) -> None:
         if self.op == "health":
@@ -41,14 +53,23 @@ class Change:
             raise ControlError("set-vfs: num_vfs must be a non-negative integer")
         if self.port is not None and (self.op != "set-vfs" or self.port < 0):
             raise ControlError("port: only set-vfs takes a port, a non-negative integer")
+        needs = {"mig-mode": ("enabled",), "gi-create": ("profile",), "gi-destroy": ("gi",),
+                 "ci-create": ("gi", "profile"), "ci-destroy": ("gi", "ci")}.get(self.op, ())
+        for name in needs:
+            if getattr(self, name) is None:
+                raise ControlError(f"{self.op}: {name} is required")
 
 
-def next_state(state: DeviceState, change: Change) -> DeviceState:
+def next_state(state: DeviceState, change: Change, mig: MigGeometry | None = None
+               ) -> DeviceState:
     """The state a device is in after ``change``.
 
     ``health unhealthy removed`` also unplugs (the device fell off the bus); ``plug``
-    of a device removed that way brings it back healthy.
+    of a device removed that way brings it back healthy. MIG changes follow
+    ``sandbox.fakehw.mig`` on the GPU's geometry ``mig``.
     """
+    if change.op in migrule.MIG_OPS:
+        return migrule.next_state(mig, state, change)
     if change.op == "health":
         assert change.health is not None
         plugged = state.plugged and change.reason is not Reason.REMOVED

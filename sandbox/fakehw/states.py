@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import ControlError
-from sandbox.fakehw.tree import DeviceRecord, DeviceState, Health, Reason
+from sandbox.fakehw import mig as migrule
+from sandbox.fakehw.tree import DeviceRecord, DeviceState, GpuInstance, Health, Reason
 
 STATE_FILE_VERSION = 1
 
@@ -24,7 +25,33 @@ def state_to_json(state: DeviceState) -> dict[str, Any]:
     }
     if state.port_vfs:  # only once a port was set apart: older readers see what they knew
         out["port_vfs"] = {str(p): n for p, n in state.port_vfs}
+    if state.mig_mode is not None:  # only once NVML changed MIG (sandbox.fakehw.mig)
+        out["mig_mode"] = state.mig_mode
+    if state.mig is not None:
+        out["mig"] = [{"gi": g.gi, "profile": g.profile, "start": g.start, "ci": g.ci}
+                      for g in state.mig]
     return out
+
+
+def _mig_from_json(raw: object, where: str) -> tuple[GpuInstance, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise ControlError(f"{where}.mig: expected a list of GPU instances")
+    out = []
+    for k, item in enumerate(raw):
+        at = f"{where}.mig[{k}]"
+        if not isinstance(item, dict) or set(item) != {"gi", "profile", "start", "ci"}:
+            raise ControlError(f"{at}: expected an object with gi, profile, start, ci")
+        if not all(isinstance(item[f], int) and not isinstance(item[f], bool) and
+                   0 <= item[f] <= 63 for f in ("gi", "profile", "start")):
+            raise ControlError(f"{at}: gi, profile and start must be integers 0..63")
+        if not isinstance(item["ci"], bool):
+            raise ControlError(f"{at}.ci: expected true or false")
+        out.append(GpuInstance(item["gi"], item["profile"], item["start"], item["ci"]))
+    if len({g.gi for g in out}) != len(out):
+        raise ControlError(f"{where}.mig: a GPU instance id appears twice")
+    return tuple(sorted(out))
 
 
 def state_from_json(obj: object, where: str) -> DeviceState:
@@ -52,8 +79,12 @@ def state_from_json(obj: object, where: str) -> DeviceState:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ControlError(f"{where}.port_vfs.{key}: expected a non-negative integer")
         ports[int(key)] = n
+    mig_mode = obj.get("mig_mode")
+    if mig_mode is not None and not isinstance(mig_mode, bool):
+        raise ControlError(f"{where}.mig_mode: expected true, false or null")
     return DeviceState(health=health, reason=reason, plugged=plugged, num_vfs=num_vfs,
-                       port_vfs=tuple(sorted(ports.items())))  # fmt: skip
+                       port_vfs=tuple(sorted(ports.items())), mig_mode=mig_mode,
+                       mig=_mig_from_json(obj.get("mig"), where))  # fmt: skip
 
 
 def save_states(path: Path, states: Mapping[str, DeviceState]) -> None:
@@ -95,9 +126,11 @@ def load_states(path: Path) -> dict[str, DeviceState]:
 
 
 def describe(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
-    """Devices as the control API's ``get`` reports them."""
-    return [
-        {
+    """Devices as the control API's ``get`` reports them; a MIG-capable GPU also with its
+    MIG mode and the GPU instances it holds now (the profile's, or as NVML left them)."""
+    out = []
+    for r in records:
+        info: dict[str, Any] = {
             "id": r.id,
             "kind": r.kind,
             "vendor": r.vendor,
@@ -107,5 +140,11 @@ def describe(records: Iterable[DeviceRecord]) -> list[dict[str, Any]]:
             "dev_nodes": list(r.dev_nodes),
             "state": state_to_json(r.state),
         }
-        for r in records
-    ]
+        if r.mig is not None:
+            names = {p.id: p.name for p in r.mig.profiles}
+            info["mig_mode"] = migrule.mode_of(r.mig, r.state)
+            info["mig"] = [{"gi": g.gi, "profile": names.get(g.profile, str(g.profile)),
+                            "start": g.start, "ci": g.ci}
+                           for g in migrule.instances(r.mig, r.state)]
+        out.append(info)
+    return out

@@ -103,6 +103,39 @@ SIGNS = {
 }
 
 
+@dataclass(frozen=True, order=True)
+class GpuInstance:
+    """One MIG GPU instance of a GPU, as NVML's lifecycle calls leave it (docs/nvml.md,
+    "Dynamic MIG"): each holds at most one compute instance, spanning it."""
+
+    gi: int  # GPU instance id (1..MAX_GPU_INSTANCES)
+    profile: int  # NVML GPU-instance profile id (by compute slices: 1,2,3,4,7,8,6 -> 0..6)
+    start: int  # first memory slice (its placement)
+    ci: bool = True  # its compute instance (id 0) exists
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU-instance profile a MIG GPU offers."""
+
+    id: int
+    name: str  # 3g.40gb
+    compute_slices: int
+    memory_slices: int
+
+
+@dataclass(frozen=True)
+class MigGeometry:
+    """What a MIG-capable GPU's profile fixes: its slices and profiles, and the MIG mode
+    and instances it starts with (``sandbox.fakehw.mig`` changes them)."""
+
+    memory_slices: int
+    compute_slices: int
+    profiles: tuple[MigProfile, ...]
+    mode: bool
+    layout: tuple[GpuInstance, ...]
+
+
 @dataclass(frozen=True)
 class DeviceState:
     """The runtime-changeable state of one device."""
@@ -114,6 +147,10 @@ class DeviceState:
     # Per-port overrides, (port, count) sorted by port: the kernel has one sriov_numvfs per
     # physical function, so a dual-port card's ports are set apart.
     port_vfs: tuple[tuple[int, int], ...] = ()
+    # MIG (NVIDIA GPUs): None as the profile says; else set by NVML's lifecycle calls
+    # (sandbox.fakehw.mig): the mode, and the GPU instances sorted by id.
+    mig_mode: bool | None = None
+    mig: tuple[GpuInstance, ...] | None = None
 
     def vfs_of(self, port: int) -> int | None:
         """The VF count set for ``port`` (its own, else the device's); None: the profile's."""
@@ -135,6 +172,7 @@ class DeviceRecord:
     numa_node: int
     dev_nodes: tuple[str, ...]  # paths under dev/ that belong to this device
     state: DeviceState
+    mig: MigGeometry | None = None  # a MIG-capable GPU's slices and profiles
 
 
 class TreeError(Exception):

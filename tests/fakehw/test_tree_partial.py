@@ -101,3 +101,32 @@ def test_patch_shares_untouched_subtrees_and_refuses_a_wrong_base() -> None:
     wrong.add_file("a/x", "9\n")
     with pytest.raises(Exception, match="a/x"):
         patch_tree(wrong.root, old.root, new.root)
+
+
+def test_mig_changes_patch_like_whole_builds(caplog: pytest.LogCaptureFixture) -> None:
+    """NVML's MIG lifecycle (sandbox.fakehw.mig) through the same partial path: destroying
+    the profile's instances, creating others at placements, MIG mode off and on."""
+    caplog.set_level(logging.WARNING, logger="sandbox.fakehw.serve.live")
+    [node] = [n for name, n in NODES if name == "mig-partitions/mig-worker"]
+    live = LiveTree(lambda states: build_tree(node, states))
+    geo = live.records["gpu1"].mig
+    assert geo is not None
+    assert geo.layout
+    for g in geo.layout:
+        _check(live, node, Change("ci-destroy", "gpu1", gi=g.gi, ci=0))
+        _check(live, node, Change("gi-destroy", "gpu1", gi=g.gi))
+    for profile, start in ((2, 4), (1, 2), (0, 0), (0, None), (0, None)):  # the last: full
+        _check(live, node, Change("gi-create", "gpu1", profile=profile, start=start))
+    made = live.states["gpu1"].mig
+    assert made is not None
+    assert [(g.profile, g.start) for g in made] == \
+        [(2, 4), (1, 2), (0, 0), (0, 1)]
+    for g in made:
+        _check(live, node, Change("ci-create", "gpu1", gi=g.gi, profile=g.profile))
+    for g in made:
+        _check(live, node, Change("ci-destroy", "gpu1", gi=g.gi, ci=0))
+        _check(live, node, Change("gi-destroy", "gpu1", gi=g.gi))
+    _check(live, node, Change("mig-mode", "gpu1", enabled=False))
+    assert live.states["gpu1"].mig_mode is False
+    _check(live, node, Change("mig-mode", "gpu1", enabled=True))
+    assert not [r for r in caplog.records if "disagrees" in r.getMessage()]

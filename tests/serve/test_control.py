@@ -72,7 +72,8 @@ BAD_REQUESTS: list[tuple[bytes, str]] = [
     (b"[1, 2]", "a request must be a JSON object"),
     (b'{"op": "get"}', "v: missing protocol version"),
     (b'{"v": 2, "op": "get"}', "v: unsupported protocol version 2 (have 1)"),
-    (b'{"v": 1}', "op: expected one of get, watch, health, unplug, plug, set-vfs, got None"),
+    (b'{"v": 1}', "op: expected one of get, watch, health, unplug, plug, set-vfs, mig-mode, "
+                  "gi-create, gi-destroy, ci-create, ci-destroy, mig-reset, got None"),
     (b'{"v": 1, "op": "explode"}', "op: expected one of"),
     (b'{"v": 1, "op": "get", "device": "gpu0"}', "get: unexpected field(s) device"),
     (b'{"v": 1, "op": "unplug"}', "unplug: device: expected a device id"),

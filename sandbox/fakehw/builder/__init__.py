@@ -9,6 +9,7 @@ file under ``proc/driver/nvidia`` that our NVML library reads; ``_common`` what 
 No I/O: serving the tree is ``fakehw.serve``, writing it to a directory ``fakehw.render``.
 """
 
+from sandbox.fakehw.builder._gpu import NVIDIA_DRIVER_VERSION
 from sandbox.fakehw.builder.node import build_partial, build_tree
 
-__all__ = ["build_partial", "build_tree"]
+__all__ = ["NVIDIA_DRIVER_VERSION", "build_partial", "build_tree"]

@@ -48,10 +48,7 @@ def add_nvidia(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str], plan: PciP
         f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {NVIDIA_DRIVER_VERSION}  "
         "Thu Feb 22 01:44:30 UTC 2024\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n",
     )
-    if any(
-        g.gpu is not None and g.gpu.partitions is not None and "mig" in g.gpu.partitions.modes
-        for g in gpus
-    ):
+    if any(_nvidia_proc.mig_mode(g, ctx.states[g.id]) for g in gpus):
         base = "proc/driver/nvidia/capabilities/mig"
         ctx.file(f"{base}/config", "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
         ctx.file(
@@ -89,8 +86,9 @@ def add_nvidia(ctx: Ctx, gpus: list[DeviceSpec], pci: dict[str, str], plan: PciP
 
 
 def _mig_caps(ctx: Ctx, gpus: list[DeviceSpec]) -> None:
-    """The access capabilities of each MIG GPU and compute instance (the layout our NVML
-    reports, docs/nvml.md): ``proc/driver/nvidia-caps/mig-minors`` names each one's
+    """The access capabilities of each MIG GPU and compute instance (the instances our NVML
+    reports, as the profile lays them out or NVML's lifecycle calls left them, docs/nvml.md):
+    ``proc/driver/nvidia-caps/mig-minors`` names each one's
     nvidia-caps minor, ``proc/driver/nvidia/capabilities/gpu<minor>/mig/gi<N>[/ci<M>]/
     access`` and ``dev/nvidia-caps/nvidia-cap<minor>`` hold them, as the driver's
     nvidia-caps module lays them out (15 GPU instances of 8 compute instances per GPU)."""
@@ -105,13 +103,14 @@ def _mig_caps(ctx: Ctx, gpus: list[DeviceSpec]) -> None:
 
     for dev in sorted(gpus, key=lambda d: d.gpu.minor if d.gpu else 0):
         gpu = dev.gpu
-        if gpu is None or gpu.partitions is None or not _nvidia_proc.mig_enabled(dev):
+        if gpu is None:
             continue
-        for m in _nvidia_proc.mig_layout(gpu.partitions):
+        for m in _nvidia_proc.mig_devices(dev, ctx.states[dev.id]):
             gi_minor = 3 + gpu.minor * 15 * 9 + m.gi * 9
             cap(f"gpu{gpu.minor}/mig/gi{m.gi}/access", f"gpu{gpu.minor}/gi{m.gi}/access", gi_minor)
-            cap(f"gpu{gpu.minor}/mig/gi{m.gi}/ci0/access",
-                f"gpu{gpu.minor}/gi{m.gi}/ci0/access", gi_minor + 1)
+            if m.ci:
+                cap(f"gpu{gpu.minor}/mig/gi{m.gi}/ci0/access",
+                    f"gpu{gpu.minor}/gi{m.gi}/ci0/access", gi_minor + 1)
     ctx.file("proc/driver/nvidia-caps/mig-minors", "\n".join(lines) + "\n")
 
 

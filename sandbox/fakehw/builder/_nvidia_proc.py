@@ -14,7 +14,15 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sandbox.fakehw.tree import SIGNS, DeviceState, Health
+from sandbox.fakehw import mig as migrule
+from sandbox.fakehw.tree import (
+    SIGNS,
+    DeviceState,
+    GpuInstance,
+    Health,
+    MigGeometry,
+    MigProfile,
+)
 from sandbox.profile import catalogue
 from sandbox.profile.spec import DeviceSpec, PartitionProfileSpec, PartitionSpec
 
@@ -59,6 +67,7 @@ class MigDevice:
     gi: int
     profile: PartitionProfileSpec
     start: int  # first memory slice
+    ci: bool = True  # its compute instance exists (a MIG device); else a bare GPU instance
 
 
 def xid_of(state: DeviceState, present: bool) -> int:
@@ -79,6 +88,12 @@ def mig_capable(dev: DeviceSpec) -> bool:
 def mig_enabled(dev: DeviceSpec) -> bool:
     gpu = dev.gpu
     return gpu is not None and gpu.partitions is not None and "mig" in gpu.partitions.modes
+
+
+def mig_mode(dev: DeviceSpec, state: DeviceState) -> bool:
+    """Whether ``dev`` is in MIG mode now (its profile's mode, unless NVML changed it)."""
+    geo = geometry(dev)
+    return migrule.mode_of(geo, state) if geo is not None else mig_enabled(dev)
 
 
 def _usable(p: PartitionSpec) -> list[PartitionProfileSpec]:
@@ -116,6 +131,34 @@ def mig_layout(p: PartitionSpec) -> list[MigDevice]:
     return out
 
 
+def geometry(dev: DeviceSpec) -> MigGeometry | None:
+    """A MIG GPU's slices, profiles, and the mode and instances its profile starts with
+    (None: no partitions to make instances of)."""
+    gpu = dev.gpu
+    if dev.vendor != "nvidia" or gpu is None or gpu.partitions is None or \
+            not mig_capable(dev):
+        return None
+    part = gpu.partitions
+    usable = _usable(part)
+    profiles = tuple(MigProfile(PROFILE_ID_OF_SLICES[q.compute_slices], q.name,
+                                q.compute_slices, q.memory_slices) for q in usable)
+    layout = tuple(GpuInstance(m.gi, PROFILE_ID_OF_SLICES[m.profile.compute_slices], m.start)
+                   for m in mig_layout(part))
+    return MigGeometry(part.memory_slices, part.compute_slices, profiles,
+                       mig_enabled(dev), layout)
+
+
+def mig_devices(dev: DeviceSpec, state: DeviceState) -> list[MigDevice]:
+    """The GPU instances ``dev`` holds in ``state`` (none with MIG mode off)."""
+    geo = geometry(dev)
+    gpu = dev.gpu
+    if geo is None or gpu is None or gpu.partitions is None:
+        return []
+    by_id = {PROFILE_ID_OF_SLICES[q.compute_slices]: q for q in _usable(gpu.partitions)}
+    return [MigDevice(g.gi, by_id[g.profile], g.start, g.ci)
+            for g in migrule.instances(geo, state) if g.profile in by_id]
+
+
 def mig_uuid(parent_uuid: str, gi: int) -> str:
     h = hashlib.blake2b(f"{parent_uuid}/mig/{gi}".encode(), digest_size=16).hexdigest()
     return f"MIG-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
@@ -139,7 +182,7 @@ def state_text(gpus: list[DeviceSpec], present: Mapping[str, str],
         here = dev.address in present
         state = states.get(dev.id, DeviceState())
         lost = not here or not state.plugged
-        enabled = mig_enabled(dev)
+        enabled = mig_mode(dev, state)
         lines.append(
             f"gpu {dev.address} memory={gpu.memory} cc={facts.compute_capability} "
             f"arch={facts.arch} brand={facts.brand} sm={facts.sms} "
@@ -158,11 +201,15 @@ def state_text(gpus: list[DeviceSpec], present: Mapping[str, str],
                 f"memory-mb={q.memory // MiB} count={count} "
                 f"sm={facts.sms * q.compute_slices // part.compute_slices}"
             )
-        for m in mig_layout(part):
+        for m in mig_devices(dev, state):
             q = m.profile
             pid = PROFILE_ID_OF_SLICES[q.compute_slices]
+            # a GPU instance without its compute instance is no MIG device: NVML lists it
+            # among the GPU instances only (docs/nvml.md, "Dynamic MIG")
+            head = f"mig {dev.address} gi={m.gi} ci=0" if m.ci else \
+                f"gpu-instance {dev.address} gi={m.gi}"
             lines.append(
-                f"mig {dev.address} gi={m.gi} ci=0 profile={pid} ci-profile={pid} "
+                f"{head} profile={pid} ci-profile={pid} "
                 f"start={m.start} size={q.memory_slices} slices={q.compute_slices} "
                 f"memory-mb={q.memory // MiB} "
                 f"sm={facts.sms * q.compute_slices // part.compute_slices} "

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass
 
-from sandbox.fakehw.builder import _cpu, _fpga, _gpu, _net, _nvme, _pci
+from sandbox.fakehw.builder import _cpu, _fpga, _gpu, _net, _nvidia_proc, _nvme, _pci
 from sandbox.fakehw.builder._common import Ctx, present
 from sandbox.fakehw.builder._system import add_system
 from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree, TreeError
@@ -195,6 +195,7 @@ def _build(
             d.numa_node,
             _dev_nodes(d),
             ctx.states[d.id],
+            _nvidia_proc.geometry(d),
         )
     return ctx.tree
 

@@ -41,7 +41,15 @@ _OP_KEYS: dict[str, frozenset[str]] = {
     "unplug": frozenset({"device"}),
     "plug": frozenset({"device"}),
     "set-vfs": frozenset({"device", "num_vfs", "port"}),
+    # MIG lifecycle (sandbox.fakehw.mig): what our NVML's create/destroy calls send
+    "mig-mode": frozenset({"device", "enabled"}),
+    "gi-create": frozenset({"device", "profile", "start"}),
+    "gi-destroy": frozenset({"device", "gi"}),
+    "ci-create": frozenset({"device", "gi", "profile"}),
+    "ci-destroy": frozenset({"device", "gi", "ci"}),
+    "mig-reset": frozenset({"device"}),  # back to the profile's mode and instances
 }
+MAX_MIG_ID = 63  # profile ids, placements and instance ids are small
 MAX_VFS = 4096
 MAX_PORT = 255  # physical functions of one device (a PCI device has at most 256)
 
@@ -126,7 +134,25 @@ def _parse_op(obj: dict[str, Any], op: str, rid: str | int | None) -> Request:
         return Request(op, rid, _health_change(obj, device))
     if op == "set-vfs":
         return Request(op, rid, _vfs_change(obj, device))
+    if op == "mig-mode":
+        enabled = obj.get("enabled")
+        if not isinstance(enabled, bool):
+            raise ControlError("mig-mode: enabled: expected true or false")
+        return Request(op, rid, Change(change_op, device, enabled=enabled))
+    if op in ("gi-create", "gi-destroy", "ci-create", "ci-destroy"):
+        n = {k: _small_int(obj, op, k, required=k != "start") for k in _OP_KEYS[op] - {"device"}}
+        return Request(op, rid, Change(change_op, device, profile=n.get("profile"),
+                                       start=n.get("start"), gi=n.get("gi"), ci=n.get("ci")))
     return Request(op, rid, Change(change_op, device))
+
+
+def _small_int(obj: dict[str, Any], op: str, key: str, *, required: bool) -> int | None:
+    value = obj.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_MIG_ID:
+        raise ControlError(f"{op}: {key}: expected an integer 0..{MAX_MIG_ID}")
+    return value
 
 
 def _health_change(obj: dict[str, Any], device: str) -> Change:
@@ -262,5 +288,9 @@ def encode_line(obj: Mapping[str, Any]) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
-def error_reply(rid: str | int | None, message: str) -> dict[str, Any]:
-    return {"v": PROTOCOL_VERSION, "ok": False, "id": rid, "error": message}
+def error_reply(rid: str | int | None, message: str, code: str | None = None
+                ) -> dict[str, Any]:
+    reply: dict[str, Any] = {"v": PROTOCOL_VERSION, "ok": False, "id": rid, "error": message}
+    if code is not None:  # what kind of refusal (errors.ControlError.code)
+        reply["code"] = code
+    return reply

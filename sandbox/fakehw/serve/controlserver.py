@@ -24,6 +24,7 @@ from typing import Any
 import trio
 
 from sandbox.errors import ControlError, MountError
+from sandbox.fakehw import mig as migrule
 from sandbox.fakehw.changes import Change
 from sandbox.fakehw.control.protocol import (
     MAX_LINE,
@@ -207,7 +208,7 @@ class ControlServer:
             assert req.change is not None
             return await self._apply(req.id, req.change), False
         except ControlError as exc:
-            return error_reply(rid, str(exc)), False
+            return error_reply(rid, str(exc), exc.code), False
         except Exception as exc:  # a builder bug must not take the node down with it
             log.exception("control request failed: %r", raw[:200])
             return error_reply(rid, f"internal error: {type(exc).__name__}: {exc}"), False
@@ -229,6 +230,7 @@ class ControlServer:
         with trio.CancelScope(shield=True):
             async with self._lock:
                 t0 = time.perf_counter()
+                before = self._live.state(change.device)
                 pending = await trio.to_thread.run_sync(self._live.prepare, change)
                 changed = pending is not None
                 if pending is not None:
@@ -262,7 +264,7 @@ class ControlServer:
                             "state": state,
                         }
                     )
-        return {
+        reply = {
             "v": PROTOCOL_VERSION,
             "ok": True,
             "id": rid,
@@ -272,6 +274,12 @@ class ControlServer:
             "seq": self._seq,
             "state": state,
         }
+        if change.op == "gi-create":  # the id NVML hands back
+            reply["gi"] = migrule.created(self._live.records[change.device].mig, before,
+                                          self._live.state(change.device))
+        elif change.op == "ci-create":
+            reply["ci"] = 0
+        return reply
 
     def _broadcast(self, event: dict[str, Any]) -> None:
         for ch in list(self._watchers):

@@ -207,7 +207,7 @@ class LiveTree:
                                    f"cannot show {change.reason.value} (it shows "
                                    f"{', '.join(shown)})")
         before = self.state(change.device)
-        after = next_state(before, change)
+        after = next_state(before, change, self.records[change.device].mig)
         if after == before:
             return None
         states = dict(self.states)

@@ -19,7 +19,7 @@ from typing import Any, TypeGuard
 import yaml
 
 from sandbox.errors import ScenarioError
-from sandbox.fakehw.changes import OPS
+from sandbox.fakehw.changes import FAULT_OPS as OPS
 from sandbox.fakehw.tree import Health, Reason
 
 ACTIONS = (*OPS, "storm")
