@@ -9,6 +9,14 @@ hash of the sources and headers; the state file the library reads is written by
 """
 
 from sandbox.errors import NvmlBuildError
-from sandbox.nvml.build import LIBRARY_NAME, build, driver_root, library_dir, smi
+from sandbox.nvml.build import (
+    LIBRARY_NAME,
+    build,
+    driver_root,
+    library_dir,
+    node_driver_root,
+    smi,
+)
 
-__all__ = ["LIBRARY_NAME", "NvmlBuildError", "build", "driver_root", "library_dir", "smi"]
+__all__ = ["LIBRARY_NAME", "NvmlBuildError", "build", "driver_root", "library_dir",
+           "node_driver_root", "smi"]

@@ -192,6 +192,14 @@ def driver_root(dest: Path, version: str) -> Path:
     return dest
 
 
+def node_driver_root(dest: Path) -> Path:
+    """The driver root a sandbox node gets (``/var/lib/hw-sandbox/driver``, by ``sandbox
+    plugins deploy``): named for the driver version every tree's NVIDIA GPUs report."""
+    from sandbox.fakehw.builder import NVIDIA_DRIVER_VERSION
+
+    return driver_root(dest, NVIDIA_DRIVER_VERSION)
+
+
 def _place(src: Path, dest: Path) -> None:
     tmp = dest.with_name(f".{dest.name}.tmp")
     shutil.copy2(src, tmp)

@@ -83,11 +83,11 @@ API nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvml_device_t *devi
             *device = g;
             LEAVE(R_SUCCESS);
         }
-        for (int j = 0; j < g->nmig; j++)
-            if (strncmp(g->migs[j].uuid, uuid, UUID_LEN) == 0) {
+        for (int k = 0; k < g->nmig; k++)
+            if (strncmp(g->migs[g->order[k]].uuid, uuid, UUID_LEN) == 0) {
                 if (g->lost)
                     LEAVE(R_GPU_IS_LOST);
-                *device = &g->migs[j];
+                *device = &g->migs[g->order[k]];
                 LEAVE(R_SUCCESS);
             }
     }
@@ -262,3 +262,13 @@ API nvmlReturn_t nvmlDeviceGetArchitecture(nvml_device_t device, unsigned int *a
     LEAVE(R_SUCCESS);
 }
 
+
+/* NVML_GPU_VIRTUALIZATION_MODE_NONE (0): a bare-metal GPU, no vGPU or passthrough */
+API nvmlReturn_t nvmlDeviceGetVirtualizationMode(nvml_device_t device, unsigned int *mode) {
+    ENTER_HANDLE(full_gpu, device, g, m);
+    (void)g;
+    if (!mode)
+        LEAVE(R_INVALID_ARGUMENT);
+    *mode = 0;
+    LEAVE(R_SUCCESS);
+}

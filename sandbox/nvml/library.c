@@ -105,8 +105,8 @@ static struct gpu *as_gpu(void *h) {
 static struct mig *as_mig(void *h, struct gpu **parent) {
     for (int i = 0; i < g_st.ngpus; i++) {
         struct gpu *g = &g_st.gpus[i];
-        int j = index_in(h, g->migs, sizeof g->migs[0], g->nmig);
-        if (j >= 0) {
+        int j = index_in(h, g->migs, sizeof g->migs[0], MAX_GI);
+        if (j >= 0 && g->migs[j].present && g->migs[j].has_ci) {
             *parent = g;
             return &g->migs[j];
         }
@@ -123,6 +123,8 @@ nvmlReturn_t resolve(void *h, struct gpu **g, struct mig **m) {
     if (!*g)
         return R_INVALID_ARGUMENT;
     refresh_locked(0);
+    if (*m && !((*m)->present && (*m)->has_ci))
+        return R_INVALID_ARGUMENT; /* its instance was destroyed meanwhile */
     return (*g)->lost ? R_GPU_IS_LOST : R_SUCCESS;
 }
 

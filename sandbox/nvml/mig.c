@@ -8,7 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
-/* handles for GPU and compute instances: the address is the handle */
+/* handles for GPU and compute instances: the address is the handle, one per GPU and GPU
+ * instance id, so a handle stays valid while its instance exists */
 struct gi_handle {
     int gpu, mig;
 };
@@ -16,12 +17,20 @@ struct ci_handle {
     int gpu, mig;
 };
 _Static_assert(sizeof(struct gi_handle) == sizeof(struct ci_handle), "as_instance");
-static struct gi_handle g_gi[MAX_GPUS][MAX_MIGS];
-static struct ci_handle g_ci[MAX_GPUS][MAX_MIGS];
+static struct gi_handle g_gi[MAX_GPUS][MAX_GI];
+static struct ci_handle g_ci[MAX_GPUS][MAX_GI];
+
+void *gi_handle_of(const struct gpu *g, unsigned int gi) {
+    return &g_gi[g - g_st.gpus][gi];
+}
+
+void *ci_handle_of(const struct gpu *g, unsigned int gi) {
+    return &g_ci[g - g_st.gpus][gi];
+}
 
 void reset_instance_handles(void) {
     for (int i = 0; i < MAX_GPUS; i++)
-        for (int j = 0; j < MAX_MIGS; j++) {
+        for (int j = 0; j < MAX_GI; j++) {
             g_gi[i][j] = (struct gi_handle){i, j};
             g_ci[i][j] = (struct ci_handle){i, j};
         }
@@ -65,7 +74,7 @@ API nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvml_device_t device, unsig
         LEAVE(R_NOT_SUPPORTED);
     if (!g->mig_mode || index >= (unsigned int)g->nmig)
         LEAVE(R_NOT_FOUND);
-    *mig = &g->migs[index];
+    *mig = &g->migs[g->order[index]];
     LEAVE(R_SUCCESS);
 }
 
@@ -116,7 +125,7 @@ API nvmlReturn_t nvmlDeviceGetAttributes(nvml_device_t device, attributes_t *a) 
     return nvmlDeviceGetAttributes_v2(device, a);
 }
 
-static struct profile *find_profile(struct gpu *g, unsigned int id) {
+struct profile *find_profile(struct gpu *g, unsigned int id) {
     for (int i = 0; i < g->nprof; i++)
         if (g->profs[i].giprof == id)
             return &g->profs[i];
@@ -189,6 +198,113 @@ API nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvml_device_t device, unsi
     LEAVE(R_SUCCESS);
 }
 
+/* The GPU's memory and compute slices: its largest profile's. */
+static void gpu_slices(const struct gpu *g, unsigned int *mtotal, unsigned int *ctotal) {
+    *mtotal = *ctotal = 0;
+    for (int i = 0; i < g->nprof; i++) {
+        if (g->profs[i].mslices > *mtotal)
+            *mtotal = g->profs[i].mslices;
+        if (g->profs[i].cslices > *ctotal)
+            *ctotal = g->profs[i].cslices;
+    }
+}
+
+/* Where GPU instance profile ``p`` may start on ``g``, in memory slices: at multiples of its
+ * memory slice count, with its compute slices inside the GPU's (A100/H100: 8 memory and 7
+ * compute slices, so 3g.40gb at 0 and 4, 2g.20gb at 0, 2, 4, 1g.10gb at 0..6, 4g.40gb and
+ * 7g.80gb at 0; NVIDIA's MIG user guide draws the same). Returns how many, filling at most
+ * ``max`` of ``out``. */
+static unsigned int possible_placements(const struct gpu *g, const struct profile *p,
+                                        placement_t *out, unsigned int max) {
+    unsigned int mtotal, ctotal, n = 0;
+    gpu_slices(g, &mtotal, &ctotal);
+    if (p->mslices == 0)
+        return 0;
+    for (unsigned int start = 0; start + p->mslices <= mtotal; start += p->mslices) {
+        if (start + p->cslices > ctotal)
+            break;
+        if (out && n < max) {
+            out[n].start = start;
+            out[n].size = p->mslices;
+        }
+        n++;
+    }
+    return n;
+}
+
+/* nvmlDeviceGetGpuInstancePossiblePlacements(_v2): ``placements`` NULL asks for the count */
+static nvmlReturn_t gi_placements(nvml_device_t device, unsigned int id, placement_t *placements,
+                                  unsigned int *count) {
+    ENTER_HANDLE(full_gpu, device, g, m);
+    (void)m;
+    struct profile *p;
+    if (!count)
+        LEAVE(R_INVALID_ARGUMENT);
+    CHECK(gi_profile(g, id, &p));
+    unsigned int n = possible_placements(g, p, placements, placements ? *count : 0);
+    nvmlReturn_t out = placements && n > *count ? R_INSUFFICIENT_SIZE : R_SUCCESS;
+    *count = n;
+    LEAVE(out);
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvml_device_t device,
+                                                               unsigned int id,
+                                                               placement_t *placements,
+                                                               unsigned int *count) {
+    return gi_placements(device, id, placements, count);
+}
+
+API nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements(nvml_device_t device,
+                                                            unsigned int id,
+                                                            placement_t *placements,
+                                                            unsigned int *count) {
+    return gi_placements(device, id, placements, count);
+}
+
+/* whether an instance of ``p`` at ``start`` fits beside ``g``'s instances (and those in
+ * ``extra``, starts of ``p`` counted as made): no shared memory slice, compute slices left */
+static int fits(struct gpu *g, const struct profile *p, unsigned int start,
+                const unsigned int *extra, unsigned int nextra) {
+    unsigned int mtotal, ctotal, cused = p->cslices * (nextra + 1);
+    gpu_slices(g, &mtotal, &ctotal);
+    for (int j = 1; j < MAX_GI; j++) {
+        const struct mig *m = &g->migs[j];
+        if (!m->present)
+            continue;
+        cused += m->cslices;
+        if (start < m->start + m->size && m->start < start + p->mslices)
+            return 0;
+    }
+    for (unsigned int k = 0; k < nextra; k++)
+        if (start < extra[k] + p->mslices && extra[k] < start + p->mslices)
+            return 0;
+    return cused <= ctotal;
+}
+
+/* How many more instances of ``profileId`` could be made one after another, each at the
+ * first placement that fits (the rule sandbox/fakehw/mig.py applies to a create). */
+API nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvml_device_t device,
+                                                           unsigned int profileId,
+                                                           unsigned int *count) {
+    ENTER_HANDLE(full_gpu, device, g, m);
+    (void)m;
+    struct profile *p;
+    if (!count)
+        LEAVE(R_INVALID_ARGUMENT);
+    CHECK(gi_profile(g, profileId, &p));
+    if (!g->mig_mode)
+        LEAVE(R_NOT_SUPPORTED);
+    placement_t starts[MAX_GI];
+    unsigned int n = possible_placements(g, p, starts, MAX_GI), made[MAX_GI], nmade = 0, have = 0;
+    for (int j = 1; j < MAX_GI; j++)
+        have += g->migs[j].present;
+    for (unsigned int k = 0; k < n && k < MAX_GI; k++)
+        if (have + nmade < MAX_GI - 2 && fits(g, p, starts[k].start, made, nmade))
+            made[nmade++] = starts[k].start;
+    *count = nmade;
+    LEAVE(R_SUCCESS);
+}
+
 API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvml_device_t device, unsigned int id,
                                               nvml_gpu_instance_t *gi) {
     ENTER_HANDLE(full_gpu, device, g, m);
@@ -196,11 +312,10 @@ API nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvml_device_t device, unsigned int
         LEAVE(R_INVALID_ARGUMENT);
     if (!g->mig_capable)
         LEAVE(R_NOT_SUPPORTED);
-    for (int j = 0; j < g->nmig; j++)
-        if (g->migs[j].gi == id) {
-            *gi = &g_gi[g - g_st.gpus][j];
-            LEAVE(R_SUCCESS);
-        }
+    if (id < MAX_GI && g->migs[id].present) {
+        *gi = gi_handle_of(g, id);
+        LEAVE(R_SUCCESS);
+    }
     LEAVE(R_NOT_FOUND);
 }
 
@@ -212,10 +327,10 @@ API nvmlReturn_t nvmlDeviceGetGpuInstances(nvml_device_t device, unsigned int pr
     if (!g->mig_capable)
         LEAVE(R_NOT_SUPPORTED);
     unsigned int n = 0;
-    for (int j = 0; j < g->nmig; j++)
-        if (g->migs[j].giprof == profile) {
+    for (int j = 1; j < MAX_GI; j++)
+        if (g->migs[j].present && g->migs[j].giprof == profile) {
             if (gis && n < *count)
-                gis[n] = &g_gi[g - g_st.gpus][j];
+                gis[n] = gi_handle_of(g, (unsigned int)j);
             n++;
         }
     if (gis == NULL && n > 0) {
@@ -228,25 +343,28 @@ API nvmlReturn_t nvmlDeviceGetGpuInstances(nvml_device_t device, unsigned int pr
 }
 
 /* a GPU or compute instance handle (one of ``handles``, g_gi or g_ci) -> (gpu, mig) */
-static nvmlReturn_t as_instance(void *h, const void *handles, struct gpu **g, struct mig **m) {
-    int k = index_in(h, handles, sizeof g_gi[0][0], MAX_GPUS * MAX_MIGS);
+static nvmlReturn_t as_instance(void *h, const void *handles, int need_ci, struct gpu **g,
+                                struct mig **m) {
+    int k = index_in(h, handles, sizeof g_gi[0][0], MAX_GPUS * MAX_GI);
     if (k < 0)
         return R_INVALID_ARGUMENT;
-    int i = k / MAX_MIGS, j = k % MAX_MIGS;
-    if (i >= g_st.ngpus || j >= g_st.gpus[i].nmig)
+    int i = k / MAX_GI, j = k % MAX_GI;
+    if (i >= g_st.ngpus)
         return R_INVALID_ARGUMENT;
+    refresh_locked(0);
     *g = &g_st.gpus[i];
     *m = &(*g)->migs[j];
-    refresh_locked(0);
+    if (!(*m)->present || (need_ci && !(*m)->has_ci))
+        return R_INVALID_ARGUMENT; /* never made, or destroyed since */
     return (*g)->lost ? R_GPU_IS_LOST : R_SUCCESS;
 }
 
-static nvmlReturn_t as_gi(void *h, struct gpu **g, struct mig **m) {
-    return as_instance(h, g_gi, g, m);
+nvmlReturn_t as_gi(void *h, struct gpu **g, struct mig **m) {
+    return as_instance(h, g_gi, 0, g, m);
 }
 
-static nvmlReturn_t as_ci(void *h, struct gpu **g, struct mig **m) {
-    return as_instance(h, g_ci, g, m);
+nvmlReturn_t as_ci(void *h, struct gpu **g, struct mig **m) {
+    return as_instance(h, g_ci, 1, g, m);
 }
 
 API nvmlReturn_t nvmlGpuInstanceGetInfo(nvml_gpu_instance_t gi, gi_info_t *info) {
@@ -266,9 +384,9 @@ API nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvml_gpu_instance_t gi, u
     ENTER_HANDLE(as_gi, gi, g, m);
     if (!ci)
         LEAVE(R_INVALID_ARGUMENT);
-    if (m->ci != id)
+    if (!m->has_ci || m->ci != id)
         LEAVE(R_NOT_FOUND);
-    *ci = &g_ci[g - g_st.gpus][m - g->migs];
+    *ci = ci_handle_of(g, m->gi);
     LEAVE(R_SUCCESS);
 }
 
@@ -278,9 +396,9 @@ API nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvml_gpu_instance_t gi, unsi
     ENTER_HANDLE(as_gi, gi, g, m);
     if (!count)
         LEAVE(R_INVALID_ARGUMENT);
-    unsigned int n = m->ciprof == profile;
+    unsigned int n = m->has_ci && m->ciprof == profile;
     if (n && cis && *count >= 1)
-        cis[0] = &g_ci[g - g_st.gpus][m - g->migs];
+        cis[0] = ci_handle_of(g, m->gi);
     nvmlReturn_t out = n > *count ? R_INSUFFICIENT_SIZE : R_SUCCESS;
     *count = n;
     LEAVE(out);
@@ -288,7 +406,7 @@ API nvmlReturn_t nvmlGpuInstanceGetComputeInstances(nvml_gpu_instance_t gi, unsi
 
 static void fill_ci(struct gpu *g, struct mig *m, ci_info_t *info) {
     info->device = g;
-    info->gpuInstance = &g_gi[g - g_st.gpus][m - g->migs];
+    info->gpuInstance = gi_handle_of(g, m->gi);
     info->id = m->ci;
     info->profileId = m->ciprof;
     info->placement.start = 0;

@@ -50,7 +50,8 @@
 #define UUID_LEN 96
 #define NAME_LEN 96
 #define MAX_GPUS 64
-#define MAX_MIGS 8
+#define MAX_MIGS 8 /* MIG devices a GPU reports at most (nvmlDeviceGetMaxMigDeviceCount + 1) */
+#define MAX_GI 16  /* GPU instance ids 1..14, each in its own slot */
 #define MAX_PROFILES 16
 #define MAX_EVENT_SETS 64
 #define STATE_MAX (1 << 20)
@@ -58,7 +59,10 @@
 
 /* ---- our state ------------------------------------------------------------------------ */
 
+/* One GPU instance, in the slot of its id (handles stay valid while it exists); with its
+ * compute instance (``has_ci``) it is a MIG device. */
 struct mig {
+    int present, has_ci;
     unsigned int gi, ci, giprof, ciprof, start, size, cslices, sm;
     u64 mem_mb;
     char uuid[UUID_LEN];
@@ -81,13 +85,15 @@ struct gpu {
     int numa;
     /* from the state file, refreshed */
     int seen;
+    char devid[32]; /* the sandbox's device id (gpu3): what MIG changes name */
     u64 memory;
     int cc_major, cc_minor;
     unsigned int arch, brand, sm;
     int mig_capable, mig_mode, lost;
     unsigned int xid;
     int nmig, nprof;
-    struct mig migs[MAX_MIGS];
+    int order[MAX_GI]; /* the GPU instance ids of its MIG devices, in state-file order */
+    struct mig migs[MAX_GI];
     struct profile profs[MAX_PROFILES];
 };
 
@@ -120,6 +126,13 @@ void refresh_locked(int force);
 
 /* mig.c, events.c: their handles and sets, reset at every first nvmlInit */
 void reset_instance_handles(void);
+/* mig.c: the handle of GPU instance ``gi`` of ``g`` (and of its compute instance), and the
+ * resolvers ENTER_HANDLE takes for them */
+void *gi_handle_of(const struct gpu *g, unsigned int gi);
+void *ci_handle_of(const struct gpu *g, unsigned int gi);
+nvmlReturn_t as_gi(void *h, struct gpu **g, struct mig **m);
+nvmlReturn_t as_ci(void *h, struct gpu **g, struct mig **m);
+struct profile *find_profile(struct gpu *g, unsigned int id);
 void reset_event_sets(void);
 void stop_poller_locked(void);
 

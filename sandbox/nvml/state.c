@@ -283,6 +283,7 @@ static int parse_state(char *text, struct state *st) {
         g->seen = 0;
         g->nmig = 0;
         g->nprof = 0;
+        memset(g->migs, 0, sizeof g->migs);
     }
     st->driver[0] = 0;
     st->cuda = 0;
@@ -317,13 +318,13 @@ static int parse_state(char *text, struct state *st) {
                 goto bad;
             st->cuda = (int)v;
         } else if (strcmp(tok[0], "gpu") == 0 || strcmp(tok[0], "profile") == 0 ||
-                   strcmp(tok[0], "mig") == 0) {
+                   strcmp(tok[0], "mig") == 0 || strcmp(tok[0], "gpu-instance") == 0) {
             if (ntok < 2)
                 goto bad;
             struct gpu *g = gpu_by_bdf(st, tok[1]);
             if (!g)
                 continue; /* a GPU not enumerated at init (plugged later): ignored */
-            if (tok[0][0] == 'g') {
+            if (strcmp(tok[0], "gpu") == 0) {
                 const char *cc = field(tok, ntok, "cc"), *state = field(tok, ntok, "state");
                 unsigned int migcap, mig;
                 if (num(tok, ntok, "memory", &g->memory) || !cc || !state ||
@@ -341,6 +342,7 @@ static int parse_state(char *text, struct state *st) {
                     g->lost = 1;
                 else
                     goto bad;
+                snprintf(g->devid, sizeof g->devid, "%s", field(tok, ntok, "id") ?: "");
                 g->mig_capable = migcap != 0;
                 g->mig_mode = mig != 0;
                 g->seen = 1;
@@ -357,11 +359,17 @@ static int parse_state(char *text, struct state *st) {
                 snprintf(p->pname, sizeof p->pname, "%s", name);
                 g->nprof++;
             } else {
-                if (g->nmig >= MAX_MIGS)
+                /* "mig": a GPU instance with its compute instance (a MIG device);
+                 * "gpu-instance": one without (docs/nvml.md). In the slot of its id. */
+                int has_ci = tok[0][0] == 'm';
+                unsigned int gi;
+                if (num32(tok, ntok, "gi", &gi) || gi == 0 || gi >= MAX_GI ||
+                    g->migs[gi].present || (has_ci && g->nmig >= MAX_MIGS))
                     goto bad;
-                struct mig *m = &g->migs[g->nmig];
+                struct mig *m = &g->migs[gi];
+                *m = (struct mig){.gi = gi};
                 const char *uuid = field(tok, ntok, "uuid"), *name = field(tok, ntok, "name");
-                if (num32(tok, ntok, "gi", &m->gi) || num32(tok, ntok, "ci", &m->ci) ||
+                if ((has_ci && num32(tok, ntok, "ci", &m->ci)) ||
                     num32(tok, ntok, "profile", &m->giprof) ||
                     num32(tok, ntok, "ci-profile", &m->ciprof) ||
                     num32(tok, ntok, "start", &m->start) || num32(tok, ntok, "size", &m->size) ||
@@ -371,7 +379,9 @@ static int parse_state(char *text, struct state *st) {
                     goto bad;
                 snprintf(m->uuid, sizeof m->uuid, "%s", uuid);
                 snprintf(m->pname, sizeof m->pname, "%s", name);
-                g->nmig++;
+                m->present = 1, m->has_ci = has_ci;
+                if (has_ci)
+                    g->order[g->nmig++] = (int)gi;
             }
         }
         /* any other record: a later format's addition, ignored */

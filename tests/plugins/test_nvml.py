@@ -113,6 +113,38 @@ def test_mig_devices_follow_the_layout(nvml: N.Nvml, tmp_path: Path,
                      for p in ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb")]  # fmt: skip
 
 
+# NVIDIA's MIG user guide's A100/H100 placements (start, size in memory slices) by GPU
+# instance profile id: 1g.10gb, 2g.20gb, 3g.40gb, 7g.80gb (the profiles mig-partitions'
+# A100s list; each profile's count of placements is its instanceCount)
+A100_PLACEMENTS = {0: [(s, 1) for s in range(7)], 1: [(0, 2), (2, 2), (4, 2)],
+                   2: [(0, 4), (4, 4)], 4: [(0, 8)]}
+
+
+def test_possible_placements_of_each_gpu_instance_profile(
+        nvml: N.Nvml, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvmlDeviceGetGpuInstancePossiblePlacements(_v2), which NVIDIA's DRA driver asks
+    before it lists a GPU's MIG profiles: NULL asks for the count, a short buffer is
+    INSUFFICIENT_SIZE, an unknown profile id NOT_SUPPORTED, a GPU without MIG too."""
+    root = rendered("mig-partitions.yaml", tmp_path / "root")
+    init(nvml, root, monkeypatch)
+    h = nvml.handle(0)
+    for fn in ("nvmlDeviceGetGpuInstancePossiblePlacements_v2",
+               "nvmlDeviceGetGpuInstancePossiblePlacements"):
+        call = getattr(nvml, fn)
+        for profile_id, want in A100_PLACEMENTS.items():
+            n = ctypes.c_uint()
+            nvml.check(call(h, profile_id, None, ctypes.byref(n)))
+            assert n.value == len(want), (fn, profile_id)
+            out = (ctypes.c_uint * (2 * n.value))()
+            nvml.check(call(h, profile_id, out, ctypes.byref(n)))
+            assert list(zip(out[0::2], out[1::2], strict=True)) == want, (fn, profile_id)
+        short = ctypes.c_uint(1)
+        assert call(h, 0, (ctypes.c_uint * 2)(), ctypes.byref(short)) == N.INSUFFICIENT_SIZE
+        assert short.value == 7
+        assert call(h, 0, None, None) == N.INVALID_ARGUMENT
+        assert call(h, 3, None, ctypes.byref(short)) == N.NOT_SUPPORTED  # 4g.40gb: not listed
+
+
 def test_faults_reach_nvml_as_xid_events_and_lost_gpus(
     nvml: N.Nvml, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 SUCCESS, UNINITIALIZED, INVALID_ARGUMENT, NOT_SUPPORTED = 0, 1, 2, 3
 NOT_FOUND, INSUFFICIENT_SIZE, DRIVER_NOT_LOADED, TIMEOUT = 6, 7, 9, 10
 GPU_IS_LOST, ARGUMENT_VERSION_MISMATCH, UNKNOWN = 15, 25, 999
+NO_PERMISSION, IN_USE, INSUFFICIENT_RESOURCES = 4, 19, 23
 EVENT_XID = 8
 
 
@@ -36,6 +37,15 @@ class EventData(ctypes.Structure):
     _fields_ = [("device", ctypes.c_void_p), ("eventType", ctypes.c_ulonglong),
                 ("eventData", ctypes.c_ulonglong), ("gpuInstanceId", ctypes.c_uint),
                 ("computeInstanceId", ctypes.c_uint)]  # fmt: skip
+
+
+class Placement(ctypes.Structure):  # nvmlGpuInstancePlacement_t
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+class GpuInstanceInfo(ctypes.Structure):  # nvmlGpuInstanceInfo_t
+    _fields_ = [("device", ctypes.c_void_p), ("id", ctypes.c_uint),
+                ("profileId", ctypes.c_uint), ("placement", Placement)]  # fmt: skip
 
 
 class Nvml:
@@ -122,7 +132,7 @@ def fuzz(lib_path: str, root: Path, sequences: int, seed: int) -> dict[str, int]
 
     for _ in range(sequences):
         for _ in range(rng.randint(1, 8)):
-            op = rng.randrange(26)
+            op = rng.randrange(27)
             if op == 0:
                 note(lib.nvmlInit_v2())
                 inits += 1
@@ -178,6 +188,10 @@ def fuzz(lib_path: str, root: Path, sequences: int, seed: int) -> dict[str, int]
                                                               profile))  # fmt: skip
                 note(lib.nvmlDeviceGetGpuInstanceProfileInfo(a_handle(), rng.randint(0, 20),
                                                              profile))  # fmt: skip
+                n = ctypes.c_uint(rng.randint(0, 9))
+                note(lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2(
+                    a_handle(), rng.randint(-1, 20), rng.choice((None, profile)),
+                    rng.choice((None, ctypes.byref(n)))))
             elif op == 12:
                 s = ctypes.c_void_p()
                 ret = lib.nvmlEventSetCreate(ctypes.byref(s))
@@ -239,6 +253,33 @@ def fuzz(lib_path: str, root: Path, sequences: int, seed: int) -> dict[str, int]
                                                    ctypes.byref(count)))  # fmt: skip
             elif op == 25:
                 note(lib.nvmlDeviceGetCount_v2(out(ctypes.c_uint)))
+            elif op == 26:  # the MIG lifecycle: random handles, profiles, placements
+                gi, ci = ctypes.c_void_p(), ctypes.c_void_p()
+                where = Placement(rng.randint(0, 70), rng.choice((0, 1, 2, 4, 8)))
+                status = ctypes.c_int()
+                call = rng.randrange(6)
+                if call == 0:
+                    note(lib.nvmlDeviceCreateGpuInstanceWithPlacement(
+                        a_handle(), rng.randint(-1, 20),
+                        ctypes.byref(where) if rng.random() > 0.1 else None, ctypes.byref(gi)))
+                elif call == 1:
+                    note(lib.nvmlDeviceCreateGpuInstance(a_handle(), rng.randint(-1, 20),
+                                                         out(ctypes.c_void_p)))  # fmt: skip
+                elif call == 2:
+                    note(lib.nvmlDeviceSetMigMode(a_handle(), rng.randint(0, 2),
+                                                  ctypes.byref(status)))  # fmt: skip
+                elif call == 3:
+                    note(lib.nvmlGpuInstanceDestroy(a_handle()))
+                    note(lib.nvmlComputeInstanceDestroy(a_handle()))
+                elif call == 4:
+                    note(lib.nvmlGpuInstanceCreateComputeInstance(a_handle(), rng.randint(-1, 9),
+                                                                  ctypes.byref(ci)))  # fmt: skip
+                else:
+                    n = ctypes.c_uint()
+                    note(lib.nvmlDeviceGetGpuInstanceRemainingCapacity(
+                        a_handle(), rng.randint(-1, 20), ctypes.byref(n)))
+                    note(lib.nvmlGpuInstanceGetComputeInstanceRemainingCapacity(
+                        a_handle(), rng.randint(-1, 9), ctypes.byref(n)))
     state_file.write_bytes(good_state)
     while inits > 0:
         lib.nvmlShutdown()

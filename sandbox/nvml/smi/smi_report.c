@@ -142,6 +142,21 @@ int query_gpu(const char *spec, const char *format, const unsigned int *sel, int
 
 /* ---- -q ---------------------------------------------------------------------------------- */
 
+struct row {
+    const char *label;
+    int field;
+};
+
+/* "<indent><label padded to width>: <value>" for each row, as -q lays out a section */
+static void print_rows(const struct row *rows, size_t n, int indent, int width,
+                       const struct gpu *g, unsigned int count) {
+    char v[128];
+    for (size_t j = 0; j < n; j++) {
+        field_value(rows[j].field, g, count, 1, v, sizeof v);
+        printf("%*s%-*s: %s\n", indent, "", width, rows[j].label, v);
+    }
+}
+
 void report(const unsigned int *sel, int n, unsigned int count) {
     char driver[80] = "";
     int cuda = 0;
@@ -154,39 +169,22 @@ void report(const unsigned int *sel, int n, unsigned int count) {
         struct gpu g;
         if (!gpu_get(sel[k], &g))
             continue;
-        char v[128];
         printf("\nGPU %s\n", g.pci.busId);
-        static const struct {
-            const char *label;
-            int field;
-        } rows[] = {
+        static const struct row top[] = {
             {"Index", F_INDEX}, {"Product Name", F_NAME}, {"GPU UUID", F_UUID},
             {"Minor Number", F_MINOR}, {"NUMA Node", F_NUMA}, {"Compute Capability", F_CC},
             {"MIG Mode Current", F_MIG_CUR}, {"MIG Mode Pending", F_MIG_PEND},
         };
-        for (size_t j = 0; j < sizeof rows / sizeof rows[0]; j++) {
-            field_value(rows[j].field, &g, count, 1, v, sizeof v);
-            printf("    %-32s: %s\n", rows[j].label, v);
-        }
+        static const struct row pci[] = {
+            {"Bus Id", F_BUS}, {"Domain", F_DOMAIN}, {"Bus", F_BUSNUM},
+            {"Device", F_DEVNUM}, {"Device Id", F_DEVICE_ID}, {"Sub System Id", F_SUB_ID}};
+        static const struct row mem[] = {
+            {"Total", F_MEM_TOTAL}, {"Used", F_MEM_USED}, {"Free", F_MEM_FREE}};
+        print_rows(top, sizeof top / sizeof top[0], 4, 32, &g, count);
         printf("    PCI\n");
-        static const struct {
-            const char *label;
-            int field;
-        } pci[] = {{"Bus Id", F_BUS}, {"Domain", F_DOMAIN}, {"Bus", F_BUSNUM},
-                   {"Device", F_DEVNUM}, {"Device Id", F_DEVICE_ID}, {"Sub System Id", F_SUB_ID}};
-        for (size_t j = 0; j < sizeof pci / sizeof pci[0]; j++) {
-            field_value(pci[j].field, &g, count, 1, v, sizeof v);
-            printf("        %-28s: %s\n", pci[j].label, v);
-        }
+        print_rows(pci, sizeof pci / sizeof pci[0], 8, 28, &g, count);
         printf("    FB Memory Usage\n");
-        static const struct {
-            const char *label;
-            int field;
-        } mem[] = {{"Total", F_MEM_TOTAL}, {"Used", F_MEM_USED}, {"Free", F_MEM_FREE}};
-        for (size_t j = 0; j < sizeof mem / sizeof mem[0]; j++) {
-            field_value(mem[j].field, &g, count, 1, v, sizeof v);
-            printf("        %-28s: %s\n", mem[j].label, v);
-        }
+        print_rows(mem, sizeof mem / sizeof mem[0], 8, 28, &g, count);
         unsigned int max = 0, cur = 0, pend = 0;
         if (nvmlDeviceGetMigMode(g.h, &cur, &pend) != R_SUCCESS || !cur ||
             nvmlDeviceGetMaxMigDeviceCount(g.h, &max) != R_SUCCESS)
