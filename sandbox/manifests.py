@@ -63,11 +63,19 @@ PLUGINS = (
     PluginManifest("nvidia-device-plugin", "nvidia-device-plugin.yaml", "device-plugin",
                    "NVIDIA's plugin and gpu-feature-discovery, unmodified, through our NVML"
                    " (docs/nvml.md)", "8gpu-2numa (any NVIDIA profile)", nvml=True),
+    PluginManifest("nvidia-dra-driver", "nvidia-dra-driver.yaml", "dra-driver",
+                   "NVIDIA's DRA driver (gpu-kubelet-plugin), unmodified, through our NVML and"
+                   " a driver root of ours: GPUs as ResourceSlices, claims by CDI",
+                   "8gpu-2numa (any NVIDIA profile; needs DRA)", nvml=True),
     PluginManifest("amd-rocm-plugin", "amd-rocm-plugin.yaml", "device-plugin",
                    "AMD's ROCm plugin: amdgpu driver dirs and KFD topology", "amd-mi300x"),
     PluginManifest("dra-example-driver", "dra-example-driver.yaml", "dra-driver",
                    "kubernetes-sigs' DRA example driver: fake GPUs as ResourceSlices",
                    "any (needs DRA)"),
+    PluginManifest("dra-driver-cpu", "dra-driver-cpu.yaml", "dra-driver",
+                   "kubernetes-sigs' CPU DRA driver: the profile's CPUs as ResourceSlices "
+                   "(NUMA node, socket, core, L3), cpusets through NRI",
+                   "8gpu-2numa (any; needs DRA, containerd NRI)"),
 )
 
 

@@ -4,9 +4,12 @@ manifest for a plugin author's own image (``sandbox.manifests.plugin_template``)
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -40,6 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="a bundled plugin's name, a manifest file (*.yaml, or a path "
                         "with a /), or - for standard input")
     deploy.add_argument("--name", help="which sandbox (default: the only one running)")
+    deploy.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set this environment variable in every container of the "
+                        "manifest's workloads, replacing the manifest's value (repeatable), "
+                        "e.g. `--env FEATURE_GATES=DynamicMIG=true` for NVIDIA's DRA driver")
     template = verbs.add_parser(
         "template", help="a DaemonSet for your own plugin image on the fake hardware",
         description="Print a commented manifest that runs your plugin IMAGE on every node "
@@ -123,6 +130,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not text.strip():
         raise SandboxError(f"{args.plugin}: the manifest is empty")
+    if args.env:
+        text = _with_env(text, _env_pairs(args.env))
     session = find_session(args.name)
     kubeconfig = session.record.kubeconfig
     native = session.runtime == "native"
@@ -150,29 +159,85 @@ def run(args: argparse.Namespace) -> int:
             from sandbox.runtimes.native import hostpaths
 
             print(f"our NVML for the node's pods: {hostpaths.install_nvml(session.state_dir)}")
-            text = _native_outputs(text, hostpaths.NFD_FEATURES,
-                                   str(hostpaths.HOST_STATE / "features.d"))
         else:
             raise SandboxError(f"{plugin.name} needs a kind or native sandbox")
+    if native:
+        text = _native_manifest(text, session.state_dir)
     argv = [kubectl, "--kubeconfig", str(kubeconfig), "apply", "-f", "-"]
     result = commands.run(argv, input=text, timeout=None)
     sys.stdout.write(result.stdout)
     return 0
 
 
-def _native_outputs(text: str, host_path: str, instead: str) -> str:
-    """The manifest with every hostPath volume at ``host_path`` moved to ``instead``: on
-    the native runtime a pod's hostPath is the host's own, and nothing of a sandbox may be
-    left in the host's /etc."""
-    docs = [d for d in yaml.safe_load_all(text) if d]
-    moved = 0
+def _env_pairs(values: list[str]) -> dict[str, str]:
+    out = {}
+    for value in values:
+        name, sep, setting = value.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise SandboxError(f"--env {value!r}: expected NAME=VALUE (NAME a variable name)")
+        out[name] = setting
+    return out
+
+
+def _pod_specs(docs: list[Any]) -> Iterator[dict[str, Any]]:
+    """The pod specs of the workloads in ``docs`` (DaemonSets, Deployments, Jobs, Pods)."""
     for doc in docs:
-        volumes = doc.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", [])
-        for volume in volumes:
-            if volume.get("hostPath", {}).get("path") == host_path:
-                volume["hostPath"]["path"] = instead
-                moved += 1
-    if moved == 0:
-        return text
-    print(f"node path {host_path} (gpu-feature-discovery's output) is {instead} on native")
+        if not isinstance(doc, dict):
+            continue
+        pod = doc.get("spec", {}).get("template", {}).get("spec") if doc.get("kind") != "Pod" \
+            else doc.get("spec")
+        if isinstance(pod, dict):
+            yield pod
+
+
+def _with_env(text: str, env: dict[str, str]) -> str:
+    """``text`` with ``env`` set in every container of its workloads (replacing values)."""
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    pods = list(_pod_specs(docs))
+    if not pods:
+        raise SandboxError("--env: the manifest has no workload (DaemonSet, Deployment, ...) "
+                           "to set it in")
+    for pod in pods:
+        for container in pod.get("containers", []):
+            kept = [e for e in container.get("env", []) if e.get("name") not in env]
+            container["env"] = kept + [{"name": k, "value": v} for k, v in env.items()]
     return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def _native_manifest(text: str, state_dir: Path) -> str:
+    """The manifest as the native runtime's node needs it, where a pod's hostPath is the
+    host's own and there is no kube-proxy: gpu-feature-discovery's output moves from the
+    host's /etc to /var/lib/hw-sandbox/features.d, a DRA driver's /var/run/cdi and
+    /var/run/nri to the sandbox containerd's CDI and NRI dirs (nothing of a sandbox is left
+    in the host's /etc or /run),
+    and a pod with a service account reaches the API server at the host's address (the
+    Service IP does not route). Unchanged text when nothing applies."""
+    from sandbox.runtimes.native import Layout
+    from sandbox.runtimes.native.hostpaths import HOST_STATE, NFD_FEATURES
+    from sandbox.runtimes.record import read_record
+
+    record = read_record(state_dir)
+    moves = {NFD_FEATURES: str(HOST_STATE / "features.d"),
+             "/var/run/cdi": str(Layout(state_dir).cdi_plugins),
+             "/var/run/nri": str(Layout(state_dir).nri)}
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    changed = False
+    for doc in docs:
+        pod = doc.get("spec", {}).get("template", {}).get("spec", {}) if isinstance(doc, dict) \
+            else {}
+        for volume in pod.get("volumes", []):
+            path = volume.get("hostPath", {}).get("path")
+            if path in moves:
+                volume["hostPath"]["path"] = moves[path]
+                print(f"node path {path} is {moves[path]} on native")
+                changed = True
+        port = (record.ports or {}).get("apiserver") if record is not None else None
+        if pod.get("serviceAccountName") and record is not None and record.host_ip and port:
+            api = {"KUBERNETES_SERVICE_HOST": str(record.host_ip),
+                   "KUBERNETES_SERVICE_PORT": str(port)}
+            for container in pod.get("containers", []):
+                env = container.setdefault("env", [])
+                have = {e.get("name") for e in env}
+                env += [{"name": k, "value": v} for k, v in api.items() if k not in have]
+            changed = True
+    return yaml.safe_dump_all(docs, sort_keys=False) if changed else text

@@ -24,6 +24,7 @@ from sandbox.runtimes.native import (
     BUSYBOX_REF,
     Layout,
     NativeRuntime,
+    bin_dir,
     kubelet_root,
     mounts_below,
     shim_pids,
@@ -131,6 +132,25 @@ def wait_until(
         time.sleep(0.5)
 
 
+def kubectl(cluster: NativeCluster, *args: str, stdin: str | None = None) -> str:
+    """The sandbox's built kubectl on its kubeconfig; its stdout (fails on an error)."""
+    tool = bin_dir() / "kubectl"
+    if not tool.is_file():
+        pytest.fail(f"{tool} missing: run scripts/build-k8s", pytrace=False)
+    result = subprocess.run([str(tool), "--kubeconfig", str(cluster.kubeconfig), *args],
+                            input=stdin, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
+    return result.stdout
+
+
+def claim_pod_manifest(name: str, claim: str, command: str) -> dict[str, Any]:
+    """``pod_manifest`` whose container uses the ResourceClaim ``claim`` (as "gpu")."""
+    pod = pod_manifest(name, command, resources={"claims": [{"name": "gpu"}]})
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    return pod
+
+
 def pod_manifest(name: str, command: str, **container: Any) -> dict[str, Any]:
     """A busybox pod (the image ``up`` imported; there is no registry) running ``command``."""
     return {
@@ -200,6 +220,23 @@ def wait_counts(cluster: NativeCluster, resource: str, want: tuple[int, int],
     wait_until(f"{resource} capacity/allocatable {want[0]}/{want[1]} on the node",
                lambda: resource_counts(cluster, resource) == want, timeout,
                describe=lambda: f"have {resource_counts(cluster, resource)}")
+
+
+def pods_state(cluster: NativeCluster, namespace: str, label: str, tail: int = 40) -> str:
+    """For a failure message: each pod of ``label`` in ``namespace`` with its phase,
+    container states, events and the end of its log; "" when there is none."""
+    out = []
+    for p in cluster.core.list_namespaced_pod(namespace, label_selector=label).items:
+        out.append(f"{p.metadata.name}: {p.status.phase} "
+                   f"{[(c.name, c.state) for c in p.status.container_statuses or []]}")
+        out += [f"  {e.reason}: {e.message}" for e in cluster.core.list_namespaced_event(
+            namespace, field_selector=f"involvedObject.name={p.metadata.name}").items]
+        try:
+            out.append(str(cluster.core.read_namespaced_pod_log(
+                p.metadata.name, namespace, tail_lines=tail)))
+        except Exception as exc:  # noqa: BLE001 - diagnostics only
+            out.append(f"(no log: {exc})")
+    return "\n".join(out)
 
 
 def pod_log(cluster: NativeCluster, name: str) -> str:

@@ -187,6 +187,13 @@ def mig_single_cluster(sandboxes: Sandboxes) -> NativeCluster:
 
 
 @pytest.fixture
+def mig_nvidia_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/mig-partitions.yaml`` with neither our device plugin nor our DRA driver:
+    NVIDIA's DRA driver (deployed by the test) is the only one publishing its GPUs."""
+    return sandboxes.get(MIG_PROFILE, reference_plugin=False)
+
+
+@pytest.fixture
 def intel_cluster(sandboxes: Sandboxes) -> NativeCluster:
     """``profiles/intel-flex-sriov.yaml``: node flex-worker, two Flex 170 (one with 4 VFs).
 

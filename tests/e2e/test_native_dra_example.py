@@ -2,7 +2,7 @@
 item 6).
 
 Built from its Go module (scripts/build-plugins dra-example-driver, into the cache), put
-into an OCI image from that local file (``sandbox.images.oci``; there is no
+into an OCI image from that local file (``static_image``, ``sandbox.images.oci``; there is no
 registry), imported into the node's containerd and run by the DaemonSet of our own
 manifest (plugins/manifests/dra-example-driver.yaml), with two native-runtime settings the
 manifest's header names: its CDI_ROOT volume is ``state_dir/cdi-plugins`` (one of
@@ -17,52 +17,29 @@ driver: two drivers on one kubelet.
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from cluster import REPO, NativeCluster, default_service_account, events, phase, wait_until
+from cluster import (
+    REPO,
+    NativeCluster,
+    claim_pod_manifest,
+    default_service_account,
+    events,
+    kubectl,
+    phase,
+    wait_until,
+)
 
-from sandbox.images.oci import PATH, write_archive
-from sandbox.images.tarfiles import layer_tar
-from sandbox.runtimes.native import BUSYBOX_REF, bin_dir, cache_dir
 from sandbox.runtimes.record import read_record
+from tests.support.thirdparty import plugin_binary, static_image
 
 DRIVER = "gpu.example.com"
 VERSION = "v0.2.0"
 IMAGE = f"localhost/hw-sandbox/dra-example-driver:{VERSION}"
 MANIFEST = REPO / "plugins" / "manifests" / "dra-example-driver.yaml"
-BUILD_PLUGINS = REPO / "scripts" / "build-plugins"
 GROUP, API, NS = "resource.k8s.io", "v1", "default"
-
-
-def _binary() -> Path:
-    result = subprocess.run([str(BUILD_PLUGINS), "dra-example-driver"], capture_output=True,
-                            text=True, check=False, timeout=3600)
-    if result.returncode != 0:
-        pytest.fail(f"scripts/build-plugins dra-example-driver failed:\n{result.stderr[-3000:]}\n"
-                    "It needs Go >= 1.26 on PATH and the Go module proxy.", pytrace=False)
-    return Path(result.stdout.strip().splitlines()[-1])
-
-
-def _image(binary: Path) -> Path:
-    """An OCI tarball: the released binary at /usr/bin, nothing else (it is static)."""
-    data = binary.read_bytes()
-    cache = cache_dir() / "images"
-    cache.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(data + IMAGE.encode()).hexdigest()[:16]
-    dest = cache / f"dra-example-driver-{digest}.oci.tar"
-    if not dest.is_file():
-        layer = layer_tar({"/usr/bin/dra-example-kubeletplugin": data},
-                          {"/usr/bin/dra-example-kubeletplugin"},
-                          dirs={"/tmp", "/var", "/var/run", "/etc"})
-        write_archive(dest, IMAGE, [layer],
-                      {"Env": [PATH], "Cmd": ["/usr/bin/dra-example-kubeletplugin"]})
-    return dest
 
 
 def _manifest(cluster: NativeCluster) -> str:
@@ -78,17 +55,6 @@ def _manifest(cluster: NativeCluster) -> str:
                       {"name": "KUBERNETES_SERVICE_PORT",
                        "value": str((record.ports or {})["apiserver"])}]
     return yaml.safe_dump_all(docs)
-
-
-def _kubectl(cluster: NativeCluster, *args: str, stdin: str | None = None) -> str:
-    kubectl = bin_dir() / "kubectl"
-    if not kubectl.is_file():
-        pytest.fail(f"{kubectl} missing: run scripts/build-k8s", pytrace=False)
-    result = subprocess.run([str(kubectl), "--kubeconfig", str(cluster.kubeconfig), *args],
-                            input=stdin, capture_output=True, text=True, timeout=120,
-                            check=False)
-    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-    return result.stdout
 
 
 def _objects(cluster: NativeCluster) -> Any:
@@ -125,12 +91,13 @@ def test_dra_example_driver_publishes_allocates_and_injects_env(
         mig_cluster: NativeCluster) -> None:
     cluster = mig_cluster
     started = time.monotonic()
-    tarball = _image(_binary())
+    tarball = static_image(plugin_binary("dra-example-driver"), IMAGE,
+                           "/usr/bin/dra-example-kubeletplugin")
     cluster.ctr("images", "import", str(tarball))
     assert IMAGE in cluster.ctr("images", "ls", "-q").split()
     manifest = _manifest(cluster)
     wait_until("the default service account", lambda: default_service_account(cluster))
-    _kubectl(cluster, "apply", "-f", "-", stdin=manifest)
+    kubectl(cluster, "apply", "-f", "-", stdin=manifest)
     pod = "example-gpu"
     try:
         wait_until(f"{DRIVER}'s ResourceSlice with 8 devices",
@@ -148,17 +115,8 @@ def test_dra_example_driver_publishes_allocates_and_injects_env(
         })  # fmt: skip
         uid = _objects(cluster).get_namespaced_custom_object(
             GROUP, API, NS, "resourceclaims", pod)["metadata"]["uid"]
-        cluster.core.create_namespaced_pod(NS, {
-            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod},
-            "spec": {
-                "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": pod}],
-                "containers": [{
-                    "name": "main", "image": BUSYBOX_REF, "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "env | sort; echo done; sleep 3600"],
-                    "resources": {"claims": [{"name": "gpu"}]}}],
-            },
-        })  # fmt: skip
+        cluster.core.create_namespaced_pod(
+            NS, claim_pod_manifest(pod, pod, "env | sort; echo done; sleep 3600"))
         wait_until(f"pod {pod} to run", lambda: phase(cluster, pod) != "Pending", 120,
                    describe=lambda: events(cluster, pod) + "\n" + _driver_state(cluster))
         assert phase(cluster, pod) == "Running", events(cluster, pod)
@@ -196,5 +154,5 @@ def test_dra_example_driver_publishes_allocates_and_injects_env(
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-        _kubectl(cluster, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
+        kubectl(cluster, "delete", "--ignore-not-found", "--wait=false", "-f", "-",
                  stdin=manifest)

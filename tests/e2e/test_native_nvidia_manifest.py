@@ -20,10 +20,16 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-from cluster import NativeCluster, check_two_gpu_pod, resource_counts, wait_until
+from cluster import (
+    NativeCluster,
+    check_two_gpu_pod,
+    kubectl,
+    pods_state,
+    resource_counts,
+    wait_until,
+)
 
-from sandbox.runtimes.native import bin_dir, kubelet_root
+from sandbox.runtimes.native import kubelet_root
 from sandbox.runtimes.native.hostpaths import HOST_STATE
 from tests.plugins.test_nvidia_plugin import tree_gpus
 from tests.support.nvidia import IMAGE, nvml_library, write_nvidia_image
@@ -32,31 +38,10 @@ GPU = "nvidia.com/gpu"
 MANIFEST_NAMES = ("nvidia-device-plugin", "gpu-feature-discovery")
 
 
-def _kubectl(cluster: NativeCluster, *args: str) -> str:
-    kubectl = bin_dir() / "kubectl"
-    if not kubectl.is_file():
-        pytest.fail(f"{kubectl} missing: run scripts/build-k8s", pytrace=False)
-    result = subprocess.run([str(kubectl), "--kubeconfig", str(cluster.kubeconfig), *args],
-                            capture_output=True, text=True, timeout=120, check=False)
-    assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-    return result.stdout
-
-
 def _plugin_pods(cluster: NativeCluster) -> str:
-    out = []
-    for name in MANIFEST_NAMES:
-        for p in cluster.core.list_namespaced_pod(
-                "kube-system", label_selector=f"app.kubernetes.io/name={name}").items:
-            out.append(f"{p.metadata.name}: {p.status.phase} "
-                       f"{[(c.name, c.state) for c in p.status.container_statuses or []]}")
-            out += [f"  {e.reason}: {e.message}" for e in cluster.core.list_namespaced_event(
-                "kube-system", field_selector=f"involvedObject.name={p.metadata.name}").items]
-            try:
-                out.append(str(cluster.core.read_namespaced_pod_log(
-                    p.metadata.name, "kube-system", tail_lines=30)))
-            except Exception as exc:  # noqa: BLE001 - diagnostics only
-                out.append(f"(no log: {exc})")
-    return "\n".join(out) or "no pods of the manifest"
+    out = [pods_state(cluster, "kube-system", f"app.kubernetes.io/name={name}", tail=30)
+           for name in MANIFEST_NAMES]
+    return "\n".join(o for o in out if o) or "no pods of the manifest"
 
 
 def test_bundled_manifest_brings_nvidias_plugin_to_the_node(
@@ -80,7 +65,7 @@ def test_bundled_manifest_brings_nvidias_plugin_to_the_node(
     assert sorted(re.findall(r"\(UUID: (GPU-[0-9a-f-]+)\)", listed)) == \
         sorted(tree_gpus(HOST_STATE / "root")), listed  # fmt: skip
     def phases() -> str:
-        return _kubectl(cluster, "-n", "kube-system", "get", "pods", "-l",
+        return kubectl(cluster, "-n", "kube-system", "get", "pods", "-l",
                         "app.kubernetes.io/name=nvidia-device-plugin", "-o",
                         "jsonpath={.items[*].status.phase}")  # fmt: skip
 
@@ -108,7 +93,7 @@ def test_bundled_manifest_brings_nvidias_plugin_to_the_node(
             assert want in labels, labels
     finally:
         for name in MANIFEST_NAMES:
-            _kubectl(cluster, "-n", "kube-system", "delete", "daemonset", name,
+            kubectl(cluster, "-n", "kube-system", "delete", "daemonset", name,
                      "--ignore-not-found", "--wait=true")
         wait_until("the manifest's pods are gone", lambda: _plugin_pods(cluster)
                    == "no pods of the manifest", 120, describe=lambda: _plugin_pods(cluster))

@@ -8,7 +8,8 @@ prerequisites FAIL with the command that fixes them; nothing is skipped.
 Docker: the daemon ``DOCKER_HOST`` names (``scripts/test`` starts one with
 ``scripts/test-dockerd``), else the default socket. Run alone::
 
-    scripts/build-k8s && eval "$(scripts/test-dockerd start)" && tox -e kind-e2e
+    scripts/build-k8s && scripts/build-containerd && eval "$(scripts/test-dockerd start)" &&
+    tox -e kind-e2e
 
 Every sandbox here lives in a private state root (``HWSANDBOX_STATE_DIR``), and every
 ``down`` is checked: no container, network, mount or state may remain.

@@ -1,5 +1,6 @@
 """Bundled manifests in kind: Intel's GPU plugin (unmodified, its image built here from its
-Go module) and our DRA driver allocating a MIG-like partition to a pod."""
+Go module), our DRA driver allocating a MIG-like partition to a pod, and NVIDIA's device
+plugin then NVIDIA's DRA driver on our NVML."""
 
 from __future__ import annotations
 
@@ -58,8 +59,10 @@ def test_intel_gpu_plugin_advertises_i915(sandbox_factory: Callable[..., KindSan
     assert not [s for s in sockets if s.startswith("hwplugins-")], sockets
 
 
-def test_dra_driver_allocates_a_mig_partition(
+def test_dra_drivers_allocate_mig_devices(
         sandbox_factory: Callable[..., KindSandbox]) -> None:
+    """Our DRA driver allocates a MIG-like partition to a pod; then NVIDIA's DRA driver, in
+    its place, a MIG device (``_nvidia_dra_driver_mig``)."""
     sb = sandbox_factory("mig-partitions.yaml", "hwsb-e2e-dra")
     config = sb.sandbox("dra", "config", str(REPO / "profiles" / "mig-partitions.yaml")).stdout
     docs = [d for d in yaml.safe_load_all(
@@ -96,6 +99,9 @@ def test_dra_driver_allocates_a_mig_partition(
     assert claims[0]["status"]["reservedFor"][0]["name"] == "mig-pod"
     print(f"claim allocated {results[0]['pool']}/{results[0]['device']}; pod runs")
     sb.kubectl("delete", "pod", "mig-pod", "--wait=true")
+    # then NVIDIA's DRA driver in its place (one DRA driver publishing these GPUs)
+    sb.kubectl("delete", "-f", "-", "--wait=true", input_text=yaml.safe_dump_all(docs))
+    _nvidia_dra_driver_mig(sb)
 
 
 NV_GPU = "nvidia.com/gpu"
@@ -113,10 +119,12 @@ def _load_nvidia_image(sb: KindSandbox) -> None:
                        check=True, capture_output=True, env=sb.kenv.env, timeout=300)
 
 
-def test_nvidia_device_plugin_in_a_pod(sandbox_factory: Callable[..., KindSandbox]) -> None:
+def test_nvidia_device_plugin_then_dra_driver_in_pods(
+        sandbox_factory: Callable[..., KindSandbox]) -> None:
     """The bundled manifest, as a user applies it: NVIDIA's plugin in a pod on the node,
     our NVML mounted from the node, advertising the profile's 8 H100s; a fault reaches its
-    own Xid health check."""
+    own Xid health check. Then, in its place on the same node, NVIDIA's DRA driver
+    (``_nvidia_dra_driver``)."""
     from tests.support.nvidia import nvml_library
 
     # without our reference plugin (test_intel_gpu_plugin_advertises_i915 deletes its
@@ -161,3 +169,112 @@ def test_nvidia_device_plugin_in_a_pod(sandbox_factory: Callable[..., KindSandbo
     for want in ("nvidia.com/gpu.count=8", "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3",
                  "nvidia.com/gpu.memory=81920", "nvidia.com/gpu.compute.major=9"):
         assert want in labels, labels
+    sb.kubectl("-n", "kube-system", "delete", "daemonset", "nvidia-device-plugin",
+               "gpu-feature-discovery", "--wait=true")
+    _nvidia_dra_driver(sb, set(uuids))
+
+
+def _minors(sb: KindSandbox) -> dict[str, int]:
+    """GPU UUID -> device minor, from the node tree's driver information files."""
+    out = subprocess.run(["docker", "exec", f"{sb.name}-worker", "sh", "-c",
+                          "cat /var/lib/hw-sandbox/root/proc/driver/nvidia/gpus/*/information"],
+                         capture_output=True, text=True, check=True).stdout
+    return dict(zip(re.findall(r"GPU UUID:\s*(\S+)", out),
+                    map(int, re.findall(r"Device Minor:\s*(\d+)", out)), strict=True))
+
+
+def _deploy_nvidia_dra(sb: KindSandbox, node: str, want: int) -> dict[str, dict[str, str]]:
+    """NVIDIA's DRA driver v0.4.1 (unmodified; image from its Go module, tests/support/
+    nvidia.write_dra_image) by the bundled manifest, once it has published ``want``
+    devices: device name -> its string/int attributes."""
+    from tests.support.nvidia import write_dra_image
+
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = write_dra_image(Path(tmp) / "nvidia-dra-driver.oci.tar")
+        subprocess.run(["kind", "load", "image-archive", str(archive), "--name", sb.name],
+                       check=True, capture_output=True, env=sb.kenv.env, timeout=300)
+    sb.sandbox("plugins", "deploy", "nvidia-dra-driver", "--name", sb.name)
+    assert (sb.state_dir / "nodes" / node / "driver" / "usr" / "bin" / "nvidia-smi").is_file()
+
+    def published() -> dict[str, dict[str, str]]:
+        slices = json.loads(sb.kubectl("get", "resourceslices", "-o", "json"))["items"]
+        return {d["name"]: {k: str(next(iter(v.values()))) for k, v in d["attributes"].items()}
+                for s in slices if s["spec"]["driver"] == "gpu.nvidia.com"
+                for d in s["spec"]["devices"]}
+
+    took = sb.wait_for(f"NVIDIA's DRA driver publishes {want} devices",
+                       lambda: len(published()) == want, timeout=180)
+    print(f"NVIDIA DRA driver v0.4.1 in a kind pod: {want} devices published after {took:.1f}s")
+    return published()
+
+
+def _claim_pod(sb: KindSandbox, name: str, exactly: dict[str, object],
+               command: str) -> tuple[dict[str, str], str, str]:
+    """A ResourceClaim and a pod using it that runs ``command`` then prints "done"; once
+    it has: (the allocation result, the claim's CDI spec on the node, the pod's log). Both
+    are deleted again."""
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": name},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+           "spec": {"terminationGracePeriodSeconds": 1,
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                    "containers": [{"name": "c", "image": "hw-sandbox:latest",
+                                    "imagePullPolicy": "Never",
+                                    "command": ["sh", "-c", f"{command}; echo done; sleep 3600"],
+                                    "resources": {"claims": [{"name": "gpu"}]}}]}}
+    sb.kubectl("apply", "-f", "-", input_text=json.dumps(claim))
+    sb.kubectl("apply", "-f", "-", input_text=json.dumps(pod))
+    try:
+        sb.wait_for("the pod with NVIDIA's claim runs", lambda: sb.kubectl(
+            "get", "pod", name, "-o", "jsonpath={.status.phase}") == "Running", timeout=180)
+        got = json.loads(sb.kubectl("get", "resourceclaim", name, "-o", "json"))
+        result = got["status"]["allocation"]["devices"]["results"][0]
+        assert result["driver"] == "gpu.nvidia.com", result
+        spec = subprocess.run(["docker", "exec", f"{sb.name}-worker", "cat",
+                               f"/var/run/cdi/k8s.gpu.nvidia.com-claim_{got['metadata']['uid']}"
+                               ".yaml"], capture_output=True, text=True, check=True).stdout
+        sb.wait_for("the pod's output", lambda: "done" in sb.kubectl("logs", name).split(),
+                    timeout=30)
+        return result, spec, sb.kubectl("logs", name)
+    finally:
+        sb.kubectl("delete", "pod", name, "--wait=true", "--ignore-not-found")
+        sb.kubectl("delete", "resourceclaim", name, "--wait=true", "--ignore-not-found")
+
+
+def _nvidia_dra_driver(sb: KindSandbox, uuids: set[str]) -> None:
+    """NVIDIA's DRA driver's slices list the node's 8 GPUs by UUID, and a claim's pod sees
+    exactly the allocated GPU's /dev/nvidiaN (the node's containerd 2.x applies the
+    driver's CDI spec)."""
+    devices = _deploy_nvidia_dra(sb, "gpu-worker", 8)
+    assert {d["uuid"] for d in devices.values()} == uuids, devices
+    result, spec, log = _claim_pod(sb, "nv-gpu", {"deviceClassName": "gpu.nvidia.com"},
+                                   "ls /dev")
+    minor = _minors(sb)[devices[result["device"]]["uuid"]]
+    assert f"/dev/nvidia{minor}" in spec, spec
+    assert "/var/lib/hw-sandbox/driver/usr/lib/" in spec, spec
+    assert sorted(n for n in log.split() if re.fullmatch(r"nvidia\d+", n)) == \
+        [f"nvidia{minor}"], log  # fmt: skip
+
+
+def _nvidia_dra_driver_mig(sb: KindSandbox) -> None:
+    """On mig-partitions: the 16 MIG devices (4/4/8 by profile), and a 1g.10gb claim's pod
+    with its parent's /dev/nvidiaN and two nvidia-caps nodes, which are /dev/null stand-ins
+    (the CDI spec's 237:N never become real nodes: the runtime wrapper)."""
+    devices = _deploy_nvidia_dra(sb, "mig-worker", 16)
+    profiles = [d["profile"] for d in devices.values()]
+    assert {p: profiles.count(p) for p in set(profiles)} == \
+        {"3g.40gb": 4, "2g.20gb": 4, "1g.10gb": 8}, profiles  # fmt: skip
+    one = {"deviceClassName": "mig.nvidia.com", "selectors": [{"cel": {
+        "expression": "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"}}]}
+    result, spec, log = _claim_pod(
+        sb, "nv-mig", one, "ls /dev; stat -c 'caps %n %t:%T' /dev/nvidia-caps/*")
+    parent = _minors(sb)[devices[result["device"]]["parentUUID"]]
+    assert sorted(n for n in log.split() if re.fullmatch(r"nvidia\d+", n)) == \
+        [f"nvidia{parent}"], log  # fmt: skip
+    caps = re.findall(r"^caps /dev/nvidia-caps/nvidia-cap(\d+) (\w+):(\w+)$", log, re.M)
+    assert len(caps) == 2, log
+    assert {(major, minor) for _, major, minor in caps} == {("1", "3")}, log
+    for n, _, _ in caps:
+        assert f"/dev/nvidia-caps/nvidia-cap{n}" in spec, spec
+    assert "major: 237" in spec, spec

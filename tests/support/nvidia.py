@@ -12,6 +12,9 @@ our NVML (sandbox/nvml, docs/nvml.md).
 - ``write_nvidia_image(dest)``: the image the bundled manifest names
   (``nvcr.io/nvidia/k8s-device-plugin:v0.18.0``) as an OCI archive, made here from those
   two binaries and the glibc they link (there is no registry).
+- ``write_dra_image(dest)``: the image plugins/manifests/nvidia-dra-driver.yaml names, from
+  NVIDIA's gpu-kubelet-plugin v0.4.1 and nvidia-cdi-hook v1.19.1 (as upstream's image
+  carries them) and the glibc they link.
 """
 
 from __future__ import annotations
@@ -33,8 +36,7 @@ from tests.support.thirdparty import BUILD_PLUGINS, LiveNode
 VERSION = "v0.18.0"
 IMAGE = f"nvcr.io/nvidia/k8s-device-plugin:{VERSION}"
 _HINT = (
-    "NVIDIA's device plugin and gpu-feature-discovery are built from "
-    "github.com/NVIDIA/k8s-device-plugin@{v} with cgo: they need Go >= 1.24 "
+    "NVIDIA's programs are built from {m} with cgo: they need Go >= 1.24 "
     "(https://go.dev/doc/install, on PATH or GO=/path/go), gcc and libc6-dev "
     "(apt-get install gcc libc6-dev) and the Go module proxy; `scripts/build-plugins {n}` "
     "builds it once into ${{HWSANDBOX_CACHE:-~/.cache/hw-sandbox}}/plugins/"
@@ -61,8 +63,22 @@ def nvml_library() -> Path:
         pytest.fail(str(e), pytrace=False)
 
 
+DRA_VERSION = "v0.4.1"
+DRA_IMAGE = f"localhost/hw-sandbox/nvidia-dra-driver:{DRA_VERSION}"
+# scripts/build-plugins name -> (binary, module@version for the hint)
+_BUILT = {
+    "nvidia-device-plugin": ("nvidia-device-plugin",
+                             f"github.com/NVIDIA/k8s-device-plugin@{VERSION}"),
+    "gpu-feature-discovery": ("gpu-feature-discovery",
+                              f"github.com/NVIDIA/k8s-device-plugin@{VERSION}"),
+    "nvidia-dra-driver": ("gpu-kubelet-plugin",
+                          f"sigs.k8s.io/dra-driver-nvidia-gpu@{DRA_VERSION}"),
+    "nvidia-cdi-hook": ("nvidia-cdi-hook", "github.com/NVIDIA/nvidia-container-toolkit@v1.19.1"),
+}
+
+
 def nvidia_binary(name: str) -> Path:
-    assert name in ("nvidia-device-plugin", "gpu-feature-discovery"), name
+    binary_name, module = _BUILT[name]
     started = time.monotonic()
     result = subprocess.run([str(BUILD_PLUGINS), name], capture_output=True, text=True,
                             check=False, timeout=3600)  # fmt: skip
@@ -73,11 +89,11 @@ def nvidia_binary(name: str) -> Path:
         pytest.fail(
             f"scripts/build-plugins {name} failed (exit {result.returncode}) after "
             f"{time.monotonic() - started:.0f}s{note}:\n{result.stderr[-3000:]}\n"
-            + _HINT.format(v=VERSION, n=name),
+            + _HINT.format(m=module, n=name),
             pytrace=False,
         )
     binary = Path(result.stdout.strip().splitlines()[-1])
-    assert binary.name == name, result.stdout
+    assert binary.name == binary_name, result.stdout
     assert os.access(binary, os.X_OK), f"{binary} is not executable"
     return binary
 
@@ -144,4 +160,26 @@ def write_nvidia_image(dest: Path) -> Path:
     # the loader must be executable, as the kernel execs it
     write_archive(dest, IMAGE, [layer_tar(files, set(files), dirs={"/tmp", "/etc"})],
                   {"Env": [PATH], "Entrypoint": ["/usr/bin/nvidia-device-plugin"]})
+    return dest
+
+
+def write_dra_image(dest: Path) -> Path:
+    """NVIDIA's DRA kubelet plugin and the CDI hook its image carries (both unmodified),
+    with the glibc they link, and a static busybox for the manifest's shell (upstream's
+    image has busybox too), as the image plugins/manifests/nvidia-dra-driver.yaml names.
+    No NVML in it: the driver loads ours from the node's driver root."""
+    from sandbox.images.pause import BUSYBOX
+
+    if not BUSYBOX.is_file():
+        pytest.fail(f"{BUSYBOX} is missing: apt-get install busybox-static "
+                    "(scripts/build-k8s installs it)", pytrace=False)
+    files: dict[str, bytes | Path] = {"/bin/busybox": BUSYBOX}
+    for name in ("nvidia-dra-driver", "nvidia-cdi-hook"):
+        binary = nvidia_binary(name)
+        files[f"/usr/bin/{binary.name}"] = binary
+        files.update(_linked(binary))
+    applets = {f"/bin/{a}": "busybox" for a in ("sh", "mount", "ls", "cat")}
+    write_archive(dest, DRA_IMAGE, [layer_tar(files, set(files), symlinks=applets,
+                                              dirs={"/tmp", "/etc", "/root", "/var/run"})],
+                  {"Env": [PATH], "Entrypoint": ["/usr/bin/gpu-kubelet-plugin"]})
     return dest

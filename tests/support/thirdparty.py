@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shlex
 import shutil
@@ -43,6 +44,8 @@ BINARIES = {
     "intel-gpu-plugin": "gpu_plugin",
     "intel-fpga-plugin": "fpga_plugin",
     "intel-qat-plugin": "qat_plugin",
+    "dra-example-driver": "dra-example-kubeletplugin",
+    "dra-driver-cpu": "dracpu",
 }
 
 _GO_HINT = (
@@ -82,6 +85,24 @@ def plugin_binary(name: str) -> Path:
     assert binary.name == BINARIES[name], result.stdout
     assert os.access(binary, os.X_OK), f"{binary} is not executable"
     return binary
+
+
+def static_image(binary: Path, ref: str, at: str) -> Path:
+    """An OCI archive (cached by content) of the static ``binary`` at ``at`` and nothing
+    else, named ``ref``: what a Go plugin built with CGO_ENABLED=0 needs."""
+    from sandbox.images.oci import PATH, write_archive
+    from sandbox.images.tarfiles import layer_tar
+    from sandbox.runtimes.native import cache_dir
+
+    data = binary.read_bytes()
+    cache = cache_dir() / "images"
+    cache.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(data + ref.encode() + at.encode()).hexdigest()[:16]
+    dest = cache / f"{binary.name}-{digest}.oci.tar"
+    if not dest.is_file():
+        layer = layer_tar({at: data}, {at}, dirs={"/tmp", "/var", "/var/run", "/etc"})
+        write_archive(dest, ref, [layer], {"Env": [PATH], "Cmd": [at]})
+    return dest
 
 
 def require_private_mounts() -> None:
@@ -176,19 +197,27 @@ class LiveNode:
 @contextlib.contextmanager
 def live_node(profile: str, node: str) -> Iterator[LiveNode]:
     """Mount ``profile``'s ``node`` live; unmount, reap the server and clean up on exit."""
+    with short_dir("hwn-") as base, served_node(profile, node, base) as live:
+        yield live
+
+
+@contextlib.contextmanager
+def served_node(profile: str, node: str, base: Path) -> Iterator[LiveNode]:
+    """Serve ``profile``'s ``node`` at ``base/root`` with its control socket and saved
+    states in ``base`` (so a second one on the same ``base`` comes back as the first left
+    it); unmount and reap the server on exit."""
     if shutil.which("fusermount3") is None or not os.path.exists("/dev/fuse"):
         pytest.fail("FUSE is needed: apt-get install fuse3 libfuse3-dev pkg-config gcc "
                     "(and /dev/fuse must exist)", pytrace=False)  # fmt: skip
-    with short_dir("hwn-") as base:
-        root = base / "root"
-        server = spawn_node(str(PROFILES / profile), node, root, state_dir=base,
-                            log_file=base / "mount.log")
+    root = base / "root"
+    server = spawn_node(str(PROFILES / profile), node, root, state_dir=base,
+                        log_file=base / "mount.log")
+    try:
+        yield LiveNode(root, base / "control.sock")
+    finally:
         try:
-            yield LiveNode(root, base / "control.sock")
+            unmount(root)
+            assert wait_unmounted(root), f"{root} still mounted"
         finally:
-            try:
-                unmount(root)
-                assert wait_unmounted(root), f"{root} still mounted"
-            finally:
-                # It exits once unmounted (detached, not our child); killed if stuck.
-                supervisor.stop([server], timeout=10.0)
+            # It exits once unmounted (detached, not our child); killed if stuck.
+            supervisor.stop([server], timeout=10.0)

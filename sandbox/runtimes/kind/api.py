@@ -147,9 +147,9 @@ def fail_on_broken_pods(api: Any, namespace: str, selector: str, step: str) -> N
 def install_nvml(state_dir: Path) -> list[Path]:
     """Our libnvidia-ml.so.1 (built here) where NVIDIA's pods mount it from: each node's
     /var/lib/hw-sandbox/nvml, which is ``<state>/nodes/<replica>/nvml`` on this host (the
-    kind config's extraMount), with our nvidia-smi beside it. Returns the libraries
-    written."""
-    from sandbox.nvml import build, smi
+    kind config's extraMount), with our nvidia-smi beside it; and a driver root of ours
+    at each node's /var/lib/hw-sandbox/driver. Returns the libraries written."""
+    from sandbox.nvml import build, node_driver_root, smi
 
     if sys.platform != "linux":
         raise SandboxError("building our NVML for Linux nodes needs a Linux host with gcc")
@@ -160,6 +160,7 @@ def install_nvml(state_dir: Path) -> list[Path]:
             (node_dir / "nvml").mkdir(exist_ok=True)
             shutil.copy2(smi(), node_dir / "nvml" / smi().name)
             shutil.copy2(lib, node_dir / "nvml" / lib.name)
+            node_driver_root(node_dir / "driver")
             placed.append(node_dir / "nvml" / lib.name)
     return placed
 

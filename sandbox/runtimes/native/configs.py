@@ -107,10 +107,14 @@ imports = []  # not the default /etc/containerd/conf.d/*.toml: nothing of the ho
 [plugins.'io.containerd.internal.v1.opt']
   path = "{c / 'opt'}"
 
-# NRI is on by default in 2.x and listens host-wide at /var/run/nri/nri.sock, where any
-# NRI plugin of the host's (or a host containerd's) would meet ours; we use none.
+# NRI (for DRA drivers with an NRI plugin, e.g. dra-driver-cpu): on, but at a socket and
+# plugin dirs of this sandbox's, never the host-wide /var/run/nri/nri.sock and /opt/nri
+# where a plugin of the host's (or a host containerd's) would meet ours.
 [plugins.'io.containerd.nri.v1.nri']
-  disable = true
+  disable = false
+  socket_path = "{layout.nri / 'nri.sock'}"
+  plugin_path = "{layout.nri / 'plugins'}"
+  plugin_config_path = "{layout.nri / 'conf.d'}"
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "overlayfs"

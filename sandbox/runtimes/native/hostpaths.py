@@ -10,6 +10,8 @@ made it (it is in the record's ``created``):
 
     root        -> <state>/node-root    the node's live FUSE tree
     nvml        -> <state>/nvml         our libnvidia-ml.so.1 and nvidia-smi (by deploy)
+    driver      -> <state>/driver       a driver root of ours, for NVIDIA's DRA driver
+                                        (docs/nvml.md; by deploy)
     features.d  -> <state>/features.d   gpu-feature-discovery's label file, which the
                                         manifest writes to /etc/kubernetes/... on kind
     control.sock -> <state>/node/control.sock  the tree's control socket (our NVML in
@@ -30,9 +32,10 @@ from sandbox.errors import SandboxError
 from sandbox.runtimes.record import read_record, write_record
 
 HOST_STATE = Path("/var/lib/hw-sandbox")
-LINKS = {"root": "node-root", "nvml": "nvml", "features.d": "features.d",
+LINKS = {"root": "node-root", "nvml": "nvml", "driver": "driver", "features.d": "features.d",
          "control.sock": "node/control.sock"}
-_MADE_DIRS = ("nvml", "features.d")  # the targets deploy creates (the others the node has)
+# the targets deploy creates (the others the node has)
+_MADE_DIRS = ("nvml", "driver", "features.d")
 # gpu-feature-discovery's output hostPath in the bundled manifest (node-feature-discovery's
 # local source directory): on native it would be the host's own /etc
 NFD_FEATURES = "/etc/kubernetes/node-feature-discovery/features.d"
@@ -88,10 +91,12 @@ def unlink_host_paths(state_dir: Path, host_state: Path = HOST_STATE) -> None:
 
 def install_nvml(state_dir: Path) -> Path:
     """Our libnvidia-ml.so.1, built (cached) and copied to ``<state>/nvml``, which the
-    node's ``/var/lib/hw-sandbox/nvml`` links to, with our nvidia-smi beside it."""
-    from sandbox.nvml import build, smi
+    node's ``/var/lib/hw-sandbox/nvml`` links to, with our nvidia-smi beside it; and a
+    driver root of ours at ``<state>/driver`` (``/var/lib/hw-sandbox/driver``)."""
+    from sandbox.nvml import build, node_driver_root, smi
 
     lib = build()
+    node_driver_root(state_dir / "driver")
     dest = state_dir / "nvml" / lib.name
     dest.parent.mkdir(exist_ok=True)
     shutil.copy2(smi(), dest.with_name(smi().name))

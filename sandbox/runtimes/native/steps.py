@@ -160,7 +160,8 @@ class Up:
         # it with HostToContainer propagation needs (bundled manifests mount
         # /var/lib/hw-sandbox/root so, a link to it made by `sandbox plugins deploy`)
         run(["mount", "--make-shared", str(lay.state / "node-root")])
-        for d in (lay.containerd, lay.cni / "net.d", lay.cdi, lay.cdi_plugins, lay.kubelet):
+        for d in (lay.containerd, lay.cni / "net.d", lay.cdi, lay.cdi_plugins, lay.kubelet,
+                  lay.nri):
             d.mkdir(parents=True, exist_ok=True)
         runc = shutil.which("runc")
         if runc is None:
