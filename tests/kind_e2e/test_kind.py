@@ -9,9 +9,11 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from sandbox.fakehw.netlinks import tree_links
 from sandbox.profile import load_profile
 from tests.kind_e2e.conftest import KindSandbox, leftovers
 from tests.support.nvidia import tree_gpu_minors
@@ -149,6 +151,44 @@ def test_faults_reach_the_kubelet(gpu: KindSandbox) -> None:
     print(f"unplug -> capacity 7: {took:.2f}s")
     # the device node went too (the plugin no longer offers it; /dev in the tree is gone)
     assert not (gpu.state_dir / "nodes" / "gpu-worker" / "root" / "dev" / "nvidia6").exists()
+
+
+def _node_links(sb: KindSandbox, container: str) -> dict[str, dict[str, Any]]:
+    proc = subprocess.run(["docker", "exec", container, "ip", "-j", "link", "show"],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env=sb.kenv.env)
+    assert proc.returncode == 0, proc.stderr
+    return {link["ifname"]: link for link in json.loads(proc.stdout)}
+
+
+def test_netdevs_are_real_links_in_the_node(gpu: KindSandbox) -> None:
+    """Issue 24 item 3: the tree's netdevs are real links in the kind node's network
+    namespace (``ip -j link`` there), with the tree's addresses and MTU; a link-down fault
+    takes their carrier (operstate DOWN), recovery brings it back."""
+    container = gpu.nodes()["gpu-worker"]["metadata"]["name"]
+    root = gpu.state_dir / "nodes" / "gpu-worker" / "root"
+    want = tree_links(root)
+    assert want, "the profile's NICs show no netdev"
+
+    def agree() -> bool:
+        have, now = _node_links(gpu, container), tree_links(root)
+        return all(name in have and have[name]["mtu"] == link.mtu
+                   and have[name]["address"] == link.address.hex(":")
+                   and have[name]["operstate"] == ("UP" if link.carrier else "DOWN")
+                   for name, link in now.items() if link.address is not None)
+
+    gpu.wait_for("the node's links to match the tree", agree, timeout=60, interval=0.2)
+    gpu.sandbox("fault", "--name", NAME, "health", "gpu-worker", "nic0", "unhealthy",
+                "--reason", "link-down")
+    try:
+        gpu.wait_for("link-down to reach the links", lambda: agree() and any(
+            link["operstate"] == "DOWN" for link in _node_links(gpu, container).values()),
+            timeout=30, interval=0.2)
+    finally:
+        gpu.sandbox("fault", "--name", NAME, "health", "gpu-worker", "nic0", "healthy")
+    gpu.wait_for("recovery to reach the links", lambda: agree() and all(
+        _node_links(gpu, container)[name]["operstate"] == "UP" for name in want),
+        timeout=30, interval=0.2)
 
 
 def _pod_health(sb: KindSandbox, pod: str) -> dict[str, str]:

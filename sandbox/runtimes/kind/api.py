@@ -51,7 +51,9 @@ def agent_manifests(cluster: Cluster) -> list[dict[str, Any]]:
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
                     "metadata": {"labels": {"app": name,
-                                            "app.kubernetes.io/name": "hw-sandbox-agent"}},
+                                            "app.kubernetes.io/name": "hw-sandbox-agent"},
+                                 "annotations": {
+                                     "kubectl.kubernetes.io/default-container": "agent"}},
                     "spec": {
                         "nodeSelector": {NODE_LABEL: node.name},
                         # needs no pod network: works before (and without) any CNI
@@ -73,6 +75,20 @@ def agent_manifests(cluster: Cluster) -> list[dict[str, Any]]:
                                 # the kubelet's pod-resources API, for the exec transport
                                 {"name": "pod-resources",
                                  "mountPath": POD_RESOURCES_IN_NODE},
+                            ],
+                        }, {
+                            # real links for the tree's netdevs in the node's network
+                            # namespace (hostNetwork: the node container's, never the
+                            # host's), following its faults (sandbox.fakehw.netlinks)
+                            "name": "netlinks", "image": IMAGE, "imagePullPolicy": "Never",
+                            "command": ["python3", "-m", "sandbox.fakehw.netlinks",
+                                        "--root", ROOT_IN_NODE,
+                                        "--control", f"{STATE_IN_NODE}/control.sock",
+                                        "--netns", "/proc/self/ns/net"],
+                            "securityContext": {"privileged": True},
+                            "volumeMounts": [
+                                {"name": "state", "mountPath": STATE_IN_NODE,
+                                 "mountPropagation": "HostToContainer"},
                             ],
                         }],
                         "volumes": [
@@ -136,7 +152,8 @@ def fail_on_broken_pods(api: Any, namespace: str, selector: str, step: str) -> N
                 if waiting.reason == "CrashLoopBackOff":
                     with contextlib.suppress(Exception):
                         text = api.read_namespaced_pod_log(pod.metadata.name, namespace,
-                                                           tail_lines=3, previous=True)
+                                                           container=cs.name, tail_lines=3,
+                                                           previous=True)
                         logs = " | ".join(text.strip().splitlines())
                 raise RuntimeBackendError(
                     step, f"pod {namespace}/{pod.metadata.name} on {pod.spec.node_name}: "

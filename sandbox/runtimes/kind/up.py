@@ -72,7 +72,8 @@ def _serves_agent_log(api: Any, target: str) -> bool:
         pods = api.list_namespaced_pod(AGENT_NAMESPACE, field_selector=f"spec.nodeName={target}",
                                        label_selector="app.kubernetes.io/name=hw-sandbox-agent")
         for pod in pods.items:
-            api.read_namespaced_pod_log(pod.metadata.name, AGENT_NAMESPACE, tail_lines=1)
+            api.read_namespaced_pod_log(pod.metadata.name, AGENT_NAMESPACE, container="agent",
+                                        tail_lines=1)
     except Exception:  # noqa: BLE001 - any failure: not yet
         return False
     return True
