@@ -152,11 +152,14 @@ class Links:
                 del self._held[name]
                 log.info("removed %s", name)
         for name, link in wanted.items():
-            if name in self._held:
-                self._update(self._held[name], link)
-            else:
-                self._held[name] = (self._make(link), link)
-                log.info("made %s (ifindex %d)", name, link.ifindex)
+            try:
+                if name in self._held:
+                    self._update(self._held[name], link)
+                else:
+                    self._held[name] = (self._make(link), link)
+                    log.info("made %s (ifindex %d)", name, link.ifindex)
+            except OSError as e:  # one link the kernel refuses must not cost the others
+                log.warning("%s: %s (tried again after the next change)", name, e)
 
     def close(self) -> None:
         for fd, _ in self._held.values():
@@ -224,18 +227,18 @@ def follow(root: Path, control: Path | None, links: Links, *, retry: float = 1.0
     from sandbox.fakehw.control import ControlClient
 
     while True:
-        links.sync(tree_links(root))
-        if control is None:
-            time.sleep(retry)
-            continue
         try:
+            links.sync(tree_links(root))
+            if control is None:
+                time.sleep(retry)
+                continue
             with ControlClient(control, timeout=None) as client:
                 events = client.watch()
                 links.sync(tree_links(root))  # what changed before the watch began
                 for _ in events:
                     links.sync(tree_links(root))
-        except (ControlError, OSError) as e:
-            log.warning("control socket %s: %s; retrying in %.0f s", control, e, retry)
+        except (ControlError, OSError) as e:  # the server restarting, the mount gone
+            log.warning("%s: %s; retrying in %.0f s", control or root, e, retry)
             time.sleep(retry)
 
 

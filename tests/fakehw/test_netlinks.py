@@ -137,3 +137,31 @@ def test_the_hosts_own_namespace_is_refused(node: LiveNode) -> None:
     assert result.returncode == 1
     assert "refusing the host's own network namespace" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_link_the_kernel_refuses_costs_no_other(node: LiveNode, netns: str,
+                                                  tmp_path: Path) -> None:
+    """A name already taken in the namespace by a link of another kind (here a veth): that
+    one is left alone and said, every other netdev still gets its link."""
+    want = tree_links(node.root)
+    taken = sorted(want)[0]
+    subprocess.run(["ip", "-n", netns, "link", "add", taken, "type", "veth", "peer", "name",
+                    "hwsbpeer"], check=True)
+    log = tmp_path / "netlinks.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandbox.fakehw.netlinks", "--root", str(node.root),
+             "--netns", f"/run/netns/{netns}"], cwd=REPO, stderr=out)
+    try:
+        def others_made() -> bool:
+            have = ip_links(netns)
+            return all(name in have and (link.address is None
+                                         or have[name]["address"] == link.address.hex(":"))
+                       for name, link in want.items() if name != taken)
+        wait_for(others_made, "the other links")
+        wait_for(lambda: f"{taken}: " in log.read_text(), "the refusal in the log")
+        assert ip_links(netns)[taken].get("link_type") == "ether"
+        assert proc.poll() is None, log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
