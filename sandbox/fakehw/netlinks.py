@@ -178,9 +178,8 @@ class Links:
                         link.name, link.ifindex)
         try:
             if link.address is not None:
-                fcntl.ioctl(self._sock, SIOCSIFHWADDR,
-                            _ifreq(link.name, struct.pack("H", ARPHRD_ETHER) + link.address))
-            fcntl.ioctl(self._sock, SIOCSIFMTU, _ifreq(link.name, struct.pack("i", link.mtu)))
+                self._set_address(link.name, link.address)
+            self._set_mtu(link.name, link.mtu)
             flags = struct.unpack_from("H", fcntl.ioctl(self._sock, SIOCGIFFLAGS,
                                                         _ifreq(link.name)), 16)[0]
             fcntl.ioctl(self._sock, SIOCSIFFLAGS, _ifreq(link.name,
@@ -194,6 +193,13 @@ class Links:
             os.close(fd)
             raise
         return fd
+
+    def _set_address(self, name: str, address: bytes) -> None:
+        fcntl.ioctl(self._sock, SIOCSIFHWADDR,
+                    _ifreq(name, struct.pack("H", ARPHRD_ETHER) + address))
+
+    def _set_mtu(self, name: str, mtu: int) -> None:
+        fcntl.ioctl(self._sock, SIOCSIFMTU, _ifreq(name, struct.pack("i", mtu)))
 
     @staticmethod
     def _tap(name: str, ifindex: int | None) -> int:
@@ -211,10 +217,9 @@ class Links:
     def _update(self, held: tuple[int, Link], link: Link) -> None:
         fd, have = held
         if link.mtu != have.mtu:
-            fcntl.ioctl(self._sock, SIOCSIFMTU, _ifreq(link.name, struct.pack("i", link.mtu)))
+            self._set_mtu(link.name, link.mtu)
         if link.address != have.address and link.address is not None:
-            fcntl.ioctl(self._sock, SIOCSIFHWADDR,
-                        _ifreq(link.name, struct.pack("H", ARPHRD_ETHER) + link.address))
+            self._set_address(link.name, link.address)
         if link.carrier != have.carrier:
             fcntl.ioctl(fd, TUNSETCARRIER, struct.pack("i", int(link.carrier)))
             log.info("%s carrier %s", link.name, "on" if link.carrier else "off")
