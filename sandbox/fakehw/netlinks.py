@@ -3,7 +3,8 @@
 The tree's ``sys/class/net`` is only files: a reader that asks the kernel (netlink, as the
 SR-IOV network device plugin does; ``ip link``) finds no such interface. This module makes
 one real link per netdev the tree shows, in the network namespace where the node's plugins
-run (a kind node's own; never the host's), and keeps them as the tree says:
+run (a kind node's own; the native runtime's ``state_dir/plugins-netns``; never the
+host's), and keeps them as the tree says:
 
 - a TAP device (``/dev/net/tun``: the one link type every kernel we met has; ``dummy`` is
   often a missing module) with the netdev's name, hardware address, MTU and, where the

@@ -26,24 +26,32 @@ from sandbox.errors import SandboxError
 
 SCRIPT = Path(__file__).with_name("oci-cpumap")
 PLACEHOLDER = "REAL_RUNC=@REAL_RUNC@"
+NETNS_PLACEHOLDER = "PLUGINS_NETNS=@PLUGINS_NETNS@"
 MAX_ID = 65535
 
 
-def script_text(real_runc: str) -> str:
-    """The wrapper script with ``real_runc`` (an absolute path) as the runtime it execs."""
-    if not real_runc.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in real_runc):
-        raise SandboxError(f"oci-cpumap: the real runc must be an absolute path, got {real_runc!r}")
+def script_text(real_runc: str, plugins_netns: str = "") -> str:
+    """The wrapper script with ``real_runc`` (an absolute path) as the runtime it execs and
+    ``plugins_netns`` (an absolute nsfs path, or empty: none) as the network namespace
+    annotated hostNetwork containers join."""
     lines = SCRIPT.read_text().splitlines(keepends=True)
-    at = [i for i, line in enumerate(lines) if line.rstrip("\n") == PLACEHOLDER]
-    if len(at) != 1:
-        raise SandboxError(f"{SCRIPT}: expected one line {PLACEHOLDER!r}, found {len(at)}")
-    lines[at[0]] = f"REAL_RUNC={shlex.quote(real_runc)}\n"
+    for placeholder, name, value, what in (
+            (PLACEHOLDER, "REAL_RUNC", real_runc, "the real runc"),
+            (NETNS_PLACEHOLDER, "PLUGINS_NETNS", plugins_netns, "the plugins' netns")):
+        if (value or name == "REAL_RUNC") and (
+                not value.startswith("/") or any(ord(c) < 32 or ord(c) == 127 for c in value)):
+            raise SandboxError(f"oci-cpumap: {what} must be an absolute path, got {value!r}")
+        at = [i for i, line in enumerate(lines) if line.rstrip("\n") == placeholder]
+        if len(at) != 1:
+            raise SandboxError(f"{SCRIPT}: expected one line {placeholder!r}, found {len(at)}")
+        lines[at[0]] = f"{name}={shlex.quote(value)}\n"
     return "".join(lines)
 
 
-def install(dest: Path, real_runc: str) -> Path:
-    """Write the wrapper to ``dest`` (mode 0755, atomically) to exec ``real_runc``."""
-    text = script_text(real_runc)
+def install(dest: Path, real_runc: str, plugins_netns: str = "") -> Path:
+    """Write the wrapper to ``dest`` (mode 0755, atomically) to exec ``real_runc``
+    (``plugins_netns``: see ``script_text``)."""
+    text = script_text(real_runc, plugins_netns)
     try:
         missing = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
         for directory in reversed(missing):

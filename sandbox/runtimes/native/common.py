@@ -131,6 +131,12 @@ class Layout:
         return self.state / "dev"
 
     @property
+    def plugins_netns(self) -> Path:
+        """The node's plugin network namespace (an nsfs bind at this file): the tree's
+        netdevs are real links there, and annotated hostNetwork pods run in it."""
+        return self.state / "plugins-netns"
+
+    @property
     def cdi(self) -> Path:
         """CDI specs of prepared DRA claims (the reference DRA driver's ``--cdi-dir``)."""
         return self.state / "cdi"

@@ -135,6 +135,9 @@ imports = []  # not the default /etc/containerd/conf.d/*.toml: nothing of the ho
 [{runtime}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
   runtime_path = "{shim}"
+  # into the OCI configs, where the runtime (oci-cpumap) puts annotated hostNetwork pods
+  # into the node's plugin network namespace (native.node.start_plugin_netns)
+  pod_annotations = ["hwsandbox.dev/netns"]
 
 [{runtime}.containerd.runtimes.runc.options]
   SystemdCgroup = false

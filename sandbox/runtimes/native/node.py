@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from sandbox.commands import run
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.profile import spec
 from sandbox.profile.spec import NodeSpec
@@ -143,6 +145,40 @@ def write_device_plugin_cdi_specs(layout: Layout, node: NodeSpec) -> list[Path]:
                                     "devices": cdi_devices}, indent=2) + "\n")
         written.append(path)
     return written
+
+
+def start_plugin_netns(layout: Layout, progress: Progress) -> None:
+    """The node's plugin network namespace, ``state_dir/plugins-netns``, with a real link
+    for every netdev of the tree (``sandbox.fakehw.netlinks``, following its changes).
+
+    On kind a hostNetwork pod is in its node container's namespace, where the agent pod
+    makes the links; here hostNetwork is the host's own namespace, which nothing of ours
+    enters. So a pod annotated ``hwsandbox.dev/netns: plugins`` (the SR-IOV network device
+    plugin's manifest, which asks the kernel for its VFs' links) is put into this namespace
+    by oci-cpumap, containerd's runtime (containerd passes that annotation through). Made
+    before containerd starts: its mount namespace is a copy of the host's, and the nsfs
+    bind must be in it. The namespace has only ``lo`` and the tree's links (no route out),
+    and goes at ``down`` (the bind is unmounted with everything under the state dir).
+    """
+    from sandbox.fakehw.netlinks import tree_links
+
+    ns = layout.plugins_netns
+    progress(f"plugin network namespace {ns} (the tree's netdevs as links)")
+    if not os.path.ismount(ns):  # (Path.is_mount: directories only, before 3.12)
+        ns.touch(mode=0o600)
+        run(["unshare", f"--net={ns}", "true"])
+    run(["nsenter", f"--net={ns}", "ip", "link", "set", "lo", "up"])
+    root = layout.state / "node-root"
+    spawn(layout, "netlinks", [sys.executable, "-m", "sandbox.fakehw.netlinks", "--root",
+                               str(root), "--netns", str(ns), "--control",
+                               str(control_socket(layout))])
+
+    def links_made() -> bool:
+        shown = run(["nsenter", f"--net={ns}", "ip", "-j", "link", "show"], check=False)
+        names = {link.get("ifname") for link in json.loads(shown.stdout or "[]")}
+        return set(tree_links(root)) <= names
+
+    wait_for(layout, "netlinks", "the tree's netdevs as links", links_made, 30)
 
 
 def start_node_plugins(layout: Layout, progress: Progress, options: Sequence[str] = ()) -> None:

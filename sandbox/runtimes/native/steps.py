@@ -55,6 +55,7 @@ from sandbox.runtimes.native.node import (
     prepare_node_tree,
     start_dra_driver,
     start_node_plugins,
+    start_plugin_netns,
     with_node_dev,
 )
 from sandbox.runtimes.native.pki import make_pki, write_kubeconfig
@@ -151,6 +152,10 @@ class Up:
         """The node's fake /sys, /dev, /proc and its device nodes for containerd."""
         prepare_node_tree(self.layout, self.node, self.progress)
 
+    def plugin_netns(self) -> None:
+        """The node's plugin network namespace with the tree's netdevs as links."""
+        start_plugin_netns(self.layout, self.progress)
+
     def containerd(self) -> None:
         """containerd (seeing the node's device nodes), until serving."""
         self.progress("containerd")
@@ -169,7 +174,8 @@ class Up:
         cbin = containerd_bin_dir()
         # runc behind the cpuset mapper: the kubelet's CPU and memory managers hand out
         # the emulated machine's CPU and memory node ids (sandbox.runtimes.cpumap)
-        wrapper = cpumap.install(lay.state / "bin" / "runc-cpumap", runc)
+        wrapper = cpumap.install(lay.state / "bin" / "runc-cpumap", runc,
+                                 str(lay.plugins_netns))
         (self.layout.containerd / "config.toml").write_text(
             containerd_config(self.layout, cbin / "containerd-shim-runc-v2", str(wrapper)))
         (self.layout.cni / "net.d" / "10-hw-sandbox.conflist").write_text(
@@ -262,6 +268,7 @@ def up_steps(up: Up, reference_plugin: bool, dra_driver: bool) -> list[Step]:
         Step("kube-apiserver", up.apiserver, undo["kube-apiserver"]),
         Step("controllers", up.controllers, undo["controllers"]),
         Step("node tree", up.node_tree, undo["node tree"]),
+        Step("plugin netns", up.plugin_netns, undo["plugin netns"]),
         Step("containerd", up.containerd, undo["containerd"]),
         Step("images", up.images),
         Step("kubelet", up.kubelet, undo["kubelet"]),
@@ -293,6 +300,12 @@ def down_steps(layout: Layout, progress: Progress) -> list[Step]:
         if node_root.is_dir() and node_root.is_mount():
             unmount(node_root)
 
+    def undo_plugin_netns() -> None:
+        progress("stopping netlinks")
+        stop(layout, "netlinks")  # its links go with it
+        if os.path.ismount(layout.plugins_netns):
+            run(["umount", str(layout.plugins_netns)], check=False)
+
     def undo_containerd() -> None:
         netns = remove_containers(layout, progress)
         record = read_record(layout.state)
@@ -311,6 +324,7 @@ def down_steps(layout: Layout, progress: Progress) -> list[Step]:
         stopping("kube-apiserver"),
         Step("controllers", undo=stopping("kube-scheduler", "kube-controller-manager").undo),
         Step("node tree", undo=undo_node_tree),
+        Step("plugin netns", undo=undo_plugin_netns),
         Step("containerd", undo=undo_containerd),
         Step("images"),
         stopping("kubelet"),
