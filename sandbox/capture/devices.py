@@ -267,8 +267,10 @@ def _nic_entry(fns: list[Function], nic: tuple[str, str], numa: int | str, comme
     rdma = any(f.rdma for f in fns)
     if not ib and rdma != m.rdma and (m.rdma or not rdma):
         fields["rdma"] = rdma
-    sriov = _sriov(fn, m.max_vfs, m.name, left_out)
+    sriov: dict[str, int | str] = dict(_sriov(fn, m.max_vfs, m.name, left_out) or {})
     if sriov:
+        if fn.vf_drivers == {"vfio-pci"}:
+            sriov["vfDriver"] = "vfio-pci"
         fields["sriov"] = sriov
         if any(f.total_vfs != fn.total_vfs or f.num_vfs != fn.num_vfs for f in fns):
             left_out.append(f"{fn.address}: ports with different SR-IOV settings (captured "
@@ -355,6 +357,11 @@ def _read_functions(root: Root, left_out: list[str]) -> list[Function]:
             raise CaptureError(f"{root.where}: more than {most} PCI functions (not bridges or "
                                f"SR-IOV VFs) under {PCI_DIR}; a profile holds at most {most} "
                                "per node")
+    by_address = {f.address: f for f in fns}
+    for f in fns:
+        pf = by_address.get(f.physfn or "")
+        if f.is_vf and pf is not None and f.driver is not None:
+            pf.vf_drivers.add(f.driver)
     if unread:
         more = f" and {len(unread) - 12} more" if len(unread) > 12 else ""
         left_out.append(f"{len(unread)} PCI function(s) without readable vendor, device and "

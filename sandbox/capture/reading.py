@@ -296,6 +296,8 @@ class Function:
     nvme_model: str | None = None  # nvme/nvmeN/model
     # per namespace disk (nvmeNnM): size in 512-byte sectors, logical block size
     nvme_namespaces: list[tuple[int, int | None]] = field(default_factory=list)
+    physfn: str | None = None  # a VF's PF (its address)
+    vf_drivers: set[str] = field(default_factory=set)  # a PF's VFs' drivers
 
     @property
     def slot(self) -> str:
@@ -331,7 +333,7 @@ def read_function(root: Root, address: str) -> Function | None:
                    _id(root, f"{base}/subsystem_device", 4) or 0),
         class_code=cls, numa_raw=numa if numa is not None else -1,
         driver=root.link_name(f"{base}/driver"), root_bus=root_bus,
-        is_vf=root.exists(f"{base}/physfn"),
+        is_vf=root.exists(f"{base}/physfn"), physfn=root.link_name(f"{base}/physfn"),
         total_vfs=decimal(root.line(f"{base}/sriov_totalvfs")) or 0,
         num_vfs=decimal(root.line(f"{base}/sriov_numvfs")) or 0,
         iommu_group=decimal(group),

@@ -173,6 +173,8 @@ def _device(dev: model.Device, d: DeviceSpec) -> dict[str, Any]:
             out["macBase"] = dev.mac_base
         if dev.sriov is not None:
             out["sriov"] = {"totalVFs": d.nic.total_vfs, "numVFs": d.nic.num_vfs}
+            if dev.sriov.vf_driver is not None:
+                out["sriov"]["vfDriver"] = d.nic.vf_driver
         out["linkLayer"] = d.nic.link_layer
         out["rdma"] = d.nic.rdma
     elif isinstance(dev, model.Fpga):

@@ -254,6 +254,10 @@ class Partitions(Strict):
 class Sriov(Strict):
     total_vfs: Annotated[int, Field(ge=0, le=256)] | None = Field(None, alias="totalVFs")
     num_vfs: Annotated[int, Field(ge=0, le=256)] = Field(0, alias="numVFs")
+    vf_driver: Literal["vfio-pci"] | None = Field(
+        None, alias="vfDriver",
+        description="NICs: the VFs' driver instead of the model's (vfio-pci: as for DPDK or "
+                    "a VM, no netdev, a /dev/vfio/<group> each)")
 
 
 class Gpu(DeviceBase):

@@ -239,9 +239,10 @@ def test_render_capture_render_is_identical(demo_root: Path, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("profile", ["amd-mi300x.yaml", "fpga-dfl.yaml",
-                                     "intel-flex-sriov.yaml", "sriov-rdma.yaml"])
+                                     "intel-flex-sriov.yaml", "sriov-rdma.yaml",
+                                     "sriov-dpdk.yaml"])
 def test_other_profiles_capture_back(tmp_path: Path, profile: str) -> None:
-    """AMD GPUs, DFL FPGAs, SR-IOV GPUs and NICs (VFs enabled) round-trip too."""
+    """AMD GPUs, DFL FPGAs, SR-IOV GPUs and NICs (VFs enabled; on vfio-pci) round-trip too."""
     loaded = load_profile(PROFILES / profile)
     node = loaded.cluster.nodes[0]
     first, second = tmp_path / "first", tmp_path / "second"
@@ -250,6 +251,10 @@ def test_other_profiles_capture_back(tmp_path: Path, profile: str) -> None:
     _render_captured(result, second)
     diffs = tree_differences(first, second)
     assert diffs == [], f"{len(diffs)} difference(s):\n" + "\n".join(diffs)
+    drivers = [d["sriov"].get("vfDriver") for d in result.profile["nodes"][0]["devices"]
+               if "sriov" in d]
+    assert drivers == [dev.sriov.vf_driver for dev in loaded.profile.nodes[0].devices
+                       if getattr(dev, "sriov", None) is not None]
 
 
 def test_unknown_devices_are_generic_and_header_says_what_is_left_out(tmp_path: Path) -> None:

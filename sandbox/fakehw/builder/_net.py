@@ -141,7 +141,9 @@ def add_nics(
                 _function(ctx, d, pci[f.address], pf, state, f.device_id)
                 pf_mac = int(pf.mac.replace(":", ""), 16)
                 guid = int(pf.guid.replace(":", ""), 16)
-                for v in range(min(len(vfs), vf_counts.get(f.address, 0))):
+                # a VF on vfio-pci has no netdev and no RDMA device (/dev/vfio/<group>)
+                live_vfs = 0 if nic.vf_driver == "vfio-pci" else vf_counts.get(f.address, 0)
+                for v in range(min(len(vfs), live_vfs)):
                     ibdev = f"mlx5_{vf_rdma + v}" if mlx_vf_rdma else None
                     vguid = (guid & ~0xFFFF) | ((v + 1) << 4) | (p & 0xF)
                     vf = _Port(

@@ -112,6 +112,9 @@ class DeviceModel:
             if dev.partitions is not None:
                 check_partitions(dev, entry, memory, dloc, problems)
             gpu_vfs = check_sriov(dev.sriov, entry.max_vfs, entry.name, dloc, problems)
+            if dev.sriov is not None and dev.sriov.vf_driver is not None:
+                problems.append(((*dloc, "sriov", "vfDriver"),
+                                 "only a NIC's VFs can be bound to another driver"))
             return DeviceModel(
                 prefix, entry.vendor_id, entry.device_id, entry.subsystem_vendor_id,
                 entry.subsystem_device_id, entry.class_code, 0xA1 if dev.vendor == "nvidia" else 0,
@@ -184,7 +187,9 @@ class DeviceModel:
                 ports=dev.ports, speed=dev.speed or self.nic.speed, link_layer=dev.link_layer,
                 rdma=rdma or dev.link_layer == "infiniband", macs=(), netdevs=(), rdma_devs=(),
                 total_vfs=self.total_vfs, num_vfs=dev.sriov.num_vfs if dev.sriov else 0,
-                vf_device_id=self.nic.vf_device_id, vf_driver=self.nic.vf_driver,
+                vf_device_id=self.nic.vf_device_id,
+                vf_driver=(dev.sriov.vf_driver if dev.sriov and dev.sriov.vf_driver
+                           else self.nic.vf_driver),
                 vf_addresses=tuple(vf_addresses), vf_iommu_groups=tuple(vf_groups),
                 node_guids=(),
             )
