@@ -76,6 +76,10 @@ PLUGINS = (
                    "kubernetes-sigs' CPU DRA driver: the profile's CPUs as ResourceSlices "
                    "(NUMA node, socket, core, L3), cpusets through NRI",
                    "8gpu-2numa (any; needs DRA, containerd NRI)"),
+    PluginManifest("sriov-network-device-plugin", "sriov-network-device-plugin.yaml",
+                   "device-plugin", "k8snetworkplumbingwg's SR-IOV network device plugin: VF "
+                   "pools by vendor/device/driver, netdevs checked over netlink",
+                   "sriov-rdma (any with NIC VFs)"),
 )
 
 

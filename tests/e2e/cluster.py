@@ -42,6 +42,7 @@ MIG_SINGLE_PROFILE = REPO / "profiles" / "mig-single.yaml"
 # alpha in 1.37 (off by default): the partitions cluster turns it on in every component
 MIG_FEATURE_GATES = {"DRADeviceCompatibilityGroups": True}
 SRIOV_PROFILE = REPO / "profiles" / "sriov-rdma.yaml"
+DPDK_PROFILE = REPO / "profiles" / "sriov-dpdk.yaml"
 OPTIONAL_FEATURE_GATES = {"DRAOptionalNodeOperations": True}  # alpha in 1.37
 if str(REPO) not in sys.path:  # tests.support (plugin builds) when run as `pytest tests/e2e`
     sys.path.append(str(REPO))

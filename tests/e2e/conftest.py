@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from cluster import (
+    DPDK_PROFILE,
     INTEL_PROFILE,
     MIG_FEATURE_GATES,
     MIG_PROFILE,
@@ -170,6 +171,20 @@ def optional_cluster(sandboxes: Sandboxes) -> NativeCluster:
     return sandboxes.get(SRIOV_PROFILE, reference_plugin=False, dra_driver=True,
                          feature_gates=OPTIONAL_FEATURE_GATES,
                          dra_options=("--skip-node-operations", "vf"))
+
+
+@pytest.fixture
+def sriov_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/sriov-rdma.yaml`` without our reference device plugin: the SR-IOV network
+    device plugin (run by the test) is the only one advertising its VFs."""
+    return sandboxes.get(SRIOV_PROFILE, reference_plugin=False)
+
+
+@pytest.fixture
+def dpdk_cluster(sandboxes: Sandboxes) -> NativeCluster:
+    """``profiles/sriov-dpdk.yaml`` (node dpdk-worker: E810 VFs on vfio-pci, ConnectX-6 Dx VFs
+    with netdevs) without our reference device plugin."""
+    return sandboxes.get(DPDK_PROFILE, reference_plugin=False)
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ BINARIES = {
     "intel-qat-plugin": "qat_plugin",
     "dra-example-driver": "dra-example-kubeletplugin",
     "dra-driver-cpu": "dracpu",
+    "sriov-network-device-plugin": "sriovdp",
 }
 
 _GO_HINT = (
@@ -87,20 +88,23 @@ def plugin_binary(name: str) -> Path:
     return binary
 
 
-def static_image(binary: Path, ref: str, at: str) -> Path:
-    """An OCI archive (cached by content) of the static ``binary`` at ``at`` and nothing
-    else, named ``ref``: what a Go plugin built with CGO_ENABLED=0 needs."""
+def static_image(binary: Path, ref: str, at: str, data: Mapping[str, Path] | None = None) -> Path:
+    """An OCI archive (cached by content) of the static ``binary`` at ``at``, and of the
+    files ``data`` maps image paths to, named ``ref``: what a Go plugin built with
+    CGO_ENABLED=0 needs."""
     from sandbox.images.oci import PATH, write_archive
     from sandbox.images.tarfiles import layer_tar
     from sandbox.runtimes.native import cache_dir
 
-    data = binary.read_bytes()
+    files = {at: binary.read_bytes(), **{k: v.read_bytes() for k, v in (data or {}).items()}}
     cache = cache_dir() / "images"
     cache.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256(data + ref.encode() + at.encode()).hexdigest()[:16]
-    dest = cache / f"{binary.name}-{digest}.oci.tar"
+    h = hashlib.sha256(ref.encode() + at.encode())
+    for path, content in sorted(files.items()):
+        h.update(path.encode() + b"\0" + hashlib.sha256(content).digest())
+    dest = cache / f"{binary.name}-{h.hexdigest()[:16]}.oci.tar"
     if not dest.is_file():
-        layer = layer_tar({at: data}, {at}, dirs={"/tmp", "/var", "/var/run", "/etc"})
+        layer = layer_tar(files, {at}, dirs={"/tmp", "/var", "/var/run", "/etc"})
         write_archive(dest, ref, [layer], {"Env": [PATH], "Cmd": [at]})
     return dest
 
