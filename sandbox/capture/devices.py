@@ -212,6 +212,9 @@ def _classify_type(fns: list[Function], numa_count: int, left_out: list[str]) ->
             fields["sriov"] = sriov
         if vendor == "nvidia" and fn.drm and "drm" in model.Gpu.model_fields:
             fields["drm"] = True  # nvidia-drm's DRM nodes
+        partitions = _partitions(fn, m) if vendor == "nvidia" else None
+        if partitions is not None:
+            fields["partitions"] = partitions
         _note_ids(fn, m.subsystem_vendor_id, m.subsystem_device_id, m.driver, left_out)
         return Entry(fields, fns, comment)
     nic = _nic_model(fn)
@@ -238,6 +241,9 @@ def _classify_type(fns: list[Function], numa_count: int, left_out: list[str]) ->
               "classCode": Hex(fn.class_code, 6), "numaNode": numa}
     if fn.driver and _DRIVER.fullmatch(fn.driver) and len(fn.driver) <= 64:
         fields["driver"] = fn.driver
+    if fn.dev_nodes:
+        fields["devNodes"] = [{"name": n, "major": major, "minor": minor}
+                              for n, major, minor in sorted(fn.dev_nodes)[:64]]
     return Entry(fields, fns, comment)
 
 
@@ -358,6 +364,8 @@ def _read_functions(root: Root, left_out: list[str]) -> list[Function]:
                                f"SR-IOV VFs) under {PCI_DIR}; a profile holds at most {most} "
                                "per node")
     by_address = {f.address: f for f in fns}
+    _read_dev_nodes(root, fns)
+    _read_mig_profiles(root, by_address)
     for f in fns:
         pf = by_address.get(f.physfn or "")
         if f.is_vf and pf is not None and f.driver is not None:
@@ -399,6 +407,68 @@ def read_pci(root: Root, numa_count: int, left_out: list[str]
         e.addresses = [e.functions[0].address]
     return entries, fns
 
+
+
+# What a device node name may be (the profile's DevNodeName) and how many are read
+_DEV_NODE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*(/[A-Za-z0-9_+-][A-Za-z0-9_.+-]*)*")
+_MAX_CHAR_DEVS = 4096
+_NVML_STATE = "proc/driver/nvidia/hwsandbox/nvml"
+
+
+def _read_dev_nodes(root: Root, fns: list[Function]) -> None:
+    """Each function's class devices that have a device node at ``/dev/<class>/<name>``
+    (class ``generic``: ``/dev/<name>``), found through ``sys/dev/char`` (one link per
+    character device): the devNodes of a generic device as a sandbox tree lays them out.
+    On a real machine the node paths rarely follow that rule (``drm/card0`` is
+    ``/dev/dri/card0``) and nothing is taken."""
+    by_dir = {root.real(f"{PCI_DIR}/{f.address}"): f for f in fns}
+    for numbers in root.names("sys/dev/char", r"[0-9]{1,4}:[0-9]{1,7}")[:_MAX_CHAR_DEVS]:
+        where = root.real(f"sys/dev/char/{numbers}")
+        if where is None or where.count("/") < 2:
+            continue
+        parent, cls, name = where.rsplit("/", 2)
+        fn = by_dir.get(parent)
+        if fn is None:
+            continue
+        node = name if cls == "generic" else f"{cls.replace('!', '/')}/{name}"
+        major, minor = (int(n) for n in numbers.split(":"))
+        if (len(node) <= 255 and _DEV_NODE.fullmatch(node) and major <= 4095
+                and minor <= 1048575 and root.exists(f"dev/{node}")):
+            fn.dev_nodes.append((node, major, minor))
+
+
+def _read_mig_profiles(root: Root, by_address: dict[str, Function]) -> None:
+    """The MIG profiles of each GPU in MIG mode, from a sandbox tree's NVML state file
+    (``proc/driver/nvidia/hwsandbox/nvml``; a real machine has none): its ``profile``
+    lines, in the order the profile gave them."""
+    for line in (root.read(_NVML_STATE) or "").splitlines():
+        words = line.split()
+        if len(words) < 3 or words[0] != "profile" or words[1] not in by_address:
+            continue
+        fields = dict(w.partition("=")[::2] for w in words[2:])
+        if all(k in fields for k in ("name", "slices", "memory-slices", "memory-mb")):
+            by_address[words[1]].mig_profiles.append(fields)
+
+
+def _partitions(fn: Function, m: catalogue.GpuModel) -> dict[str, Any] | None:
+    """A GPU's ``partitions`` from its MIG profiles (``_read_mig_profiles``), with the
+    catalogue's slices; a profile's memory only where it is not its share of the GPU's."""
+    if not fn.mig_profiles or not m.memory_slices or not m.compute_slices:
+        return None
+    profiles = []
+    for q in fn.mig_profiles:
+        try:
+            ms, cs, mb = int(q["memory-slices"]), int(q["slices"]), int(q["memory-mb"])
+        except ValueError:
+            return None
+        if not re.fullmatch(r"[0-9a-z][0-9a-z.+-]{0,63}", q["name"]) or not 0 < ms <= 64 \
+                or not 0 < cs <= 64:
+            return None
+        profile: dict[str, Any] = {"name": q["name"], "memorySlices": ms, "computeSlices": cs}
+        if mb != m.memory * ms // m.memory_slices // 2**20:
+            profile["memory"] = f"{mb}Mi"
+        profiles.append(profile)
+    return {"profiles": profiles}
 
 
 def merge(entries: list[Entry]) -> list[Entry]:

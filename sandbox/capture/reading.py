@@ -297,6 +297,11 @@ class Function:
     # per namespace disk (nvmeNnM): size in 512-byte sectors, logical block size
     nvme_namespaces: list[tuple[int, int | None]] = field(default_factory=list)
     physfn: str | None = None  # a VF's PF (its address)
+    # (name, major, minor) of a class device below the function whose /dev node is at
+    # /dev/<class>/<name> (class ``generic``: /dev/<name>): a generic device's devNodes
+    dev_nodes: list[tuple[str, int, int]] = field(default_factory=list)
+    # an NVIDIA GPU's MIG profiles as a sandbox tree's NVML state file lists them
+    mig_profiles: list[dict[str, str]] = field(default_factory=list)
     vf_drivers: set[str] = field(default_factory=set)  # a PF's VFs' drivers
 
     @property

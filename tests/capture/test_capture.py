@@ -238,23 +238,35 @@ def test_render_capture_render_is_identical(demo_root: Path, tmp_path: Path) -> 
     assert compare_covered(demo_root, second, True) == []
 
 
-@pytest.mark.parametrize("profile", ["amd-mi300x.yaml", "fpga-dfl.yaml",
-                                     "intel-flex-sriov.yaml", "sriov-rdma.yaml",
-                                     "sriov-dpdk.yaml"])
-def test_other_profiles_capture_back(tmp_path: Path, profile: str) -> None:
-    """AMD GPUs, DFL FPGAs, SR-IOV GPUs and NICs (VFs enabled; on vfio-pci) round-trip too."""
+def _every_node() -> list[tuple[str, str]]:
+    return [(p.name, n.name) for p in sorted(PROFILES.glob("*.yaml"))
+            for n in load_profile(p).cluster.nodes]
+
+
+@pytest.mark.parametrize(("profile", "node_name"), _every_node(),
+                         ids=[f"{p.removesuffix('.yaml')}-{n}" for p, n in _every_node()])
+def test_every_bundled_profile_captures_back(tmp_path: Path, profile: str, node_name: str) -> None:
+    """Every node of every bundled profile: render -> capture -> render, byte-identical
+    (AMD GPUs, DFL FPGAs, SR-IOV GPUs and NICs with VFs on their drivers or vfio-pci, MIG
+    partitions, generic devices with their device nodes)."""
     loaded = load_profile(PROFILES / profile)
-    node = loaded.cluster.nodes[0]
+    node = loaded.cluster.node(node_name, None)
+    assert node is not None
     first, second = tmp_path / "first", tmp_path / "second"
     render(build_tree(node), first)
     result = capture(first, name=loaded.cluster.name, node_name=node.name)
     _render_captured(result, second)
     diffs = tree_differences(first, second)
     assert diffs == [], f"{len(diffs)} difference(s):\n" + "\n".join(diffs)
-    drivers = [d["sriov"].get("vfDriver") for d in result.profile["nodes"][0]["devices"]
-               if "sriov" in d]
-    assert drivers == [dev.sriov.vf_driver for dev in loaded.profile.nodes[0].devices
+    spec = next(n for n in loaded.profile.nodes if n.name == node.base_name)
+    captured = result.profile["nodes"][0]["devices"]
+    drivers = [d["sriov"].get("vfDriver") for d in captured if "sriov" in d]
+    assert drivers == [dev.sriov.vf_driver for dev in spec.devices
                        if getattr(dev, "sriov", None) is not None]
+    partitioned = [[q["name"] for q in d["partitions"]["profiles"]] for d in captured
+                   if "partitions" in d]
+    assert partitioned == [[q.name for q in dev.partitions.profiles] for dev in spec.devices
+                           if getattr(dev, "partitions", None) is not None]
 
 
 def test_unknown_devices_are_generic_and_header_says_what_is_left_out(tmp_path: Path) -> None:
@@ -265,7 +277,8 @@ def test_unknown_devices_are_generic_and_header_says_what_is_left_out(tmp_path: 
     result = capture(tmp_path / "t", name="x", node_name="y")
     generic = [d for d in result.profile["nodes"][0]["devices"] if d["type"] == "generic"]
     assert generic == [{"type": "generic", "vendorId": 0x8086, "deviceId": 0x4940,
-                        "classCode": 0x0B4000, "numaNode": 0, "driver": "4xxx"}]
+                        "classCode": 0x0B4000, "numaNode": 0, "driver": "4xxx",
+                        "devNodes": [{"name": "qat_adf_ctl", "major": 10, "minor": 60}]}]
     header = [ln for ln in result.text.splitlines() if ln.startswith("#")]
     assert header[0].startswith("# Hardware profile captured by `sandbox capture`")
     assert any(f"from: {tmp_path / 't'}" in ln for ln in header)
