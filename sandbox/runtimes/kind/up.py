@@ -176,9 +176,13 @@ class KindUp:
             early = EarlyLoad(self.name, self.client, self.image, Path(work), self.progress)
             early.start()
             try:
+                # --retain: on a failure kind would delete its nodes itself, and a node's
+                # anonymous /var volume (held by mounts that surfaced on the host) outlive
+                # them; the step's undo (delete_cluster) deletes them, volumes included
                 run(["kind", "create", "cluster", "--name", self.name, "--config",
                      str(self.state_dir / "kind-config.yaml"), "--kubeconfig",
-                     str(self.kubeconfig), "--wait", "180s"], env=env, timeout=KIND_TIMEOUT)
+                     str(self.kubeconfig), "--wait", "180s", "--retain"], env=env,
+                    timeout=KIND_TIMEOUT)
             except CommandError as exc:
                 early.cancel()
                 if not self.image and "pull" in str(exc).lower():
