@@ -126,6 +126,20 @@ def real_bundle(runc: str, b: Path, tool: str) -> Path:
     return b
 
 
+def run_once(runtime: Path, runc: str, b: Path, state: Path,
+             prefix: str) -> subprocess.CompletedProcess[str]:
+    """``runtime run`` of bundle ``b`` as a container named ``<prefix>-<pid>-<random>``,
+    deleted with the real ``runc`` after, whatever happened."""
+    name = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        return subprocess.run([str(runtime), "--root", str(state), "run", "--bundle", str(b),
+                               name], capture_output=True, text=True, timeout=60, check=False,
+                              stdin=subprocess.DEVNULL)
+    finally:
+        subprocess.run([runc, "--root", str(state), "delete", "-f", name], capture_output=True,
+                       check=False)
+
+
 def first_line(*paths: str) -> str:
     for path in paths:
         try:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import pytest
 
 from sandbox.runtimes import cpumap
 from tests.runtimes.test_oci_cpumap import FAKE_RUNC, HINT, need
-from tests.runtimes.test_oci_cpumap_install import real_bundle
+from tests.runtimes.test_oci_cpumap_install import real_bundle, run_once
 
 pytestmark = [pytest.mark.root]
 
@@ -129,13 +128,6 @@ def test_a_container_gets_dev_nulls_numbers_for_a_profiles_node(tmp_path: Path) 
         {"allow": False, "access": "rwm"}, _rule("c", 237, 21)]
     (b / "config.json").write_text(json.dumps(spec))
     wrapped = cpumap.install(tmp_path / "oci-cpumap", runc)
-    state, name = tmp_path / "state", f"hwsb-devices-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        proc = subprocess.run([str(wrapped), "--root", str(state), "run", "--bundle", str(b),
-                               name], capture_output=True, text=True, timeout=60, check=False,
-                              stdin=subprocess.DEVNULL)
-    finally:
-        subprocess.run([runc, "--root", str(state), "delete", "-f", name], capture_output=True,
-                       check=False)
+    proc = run_once(wrapped, runc, b, tmp_path / "state", "hwsb-devices")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "character special file 1:3"

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ import pytest
 from sandbox.errors import SandboxError
 from sandbox.runtimes import cpumap
 from tests.runtimes.test_oci_cpumap import FAKE_RUNC, HINT, need
-from tests.runtimes.test_oci_cpumap_install import real_bundle
+from tests.runtimes.test_oci_cpumap_install import real_bundle, run_once
 
 pytestmark = [pytest.mark.root]
 
@@ -119,14 +118,7 @@ def test_a_real_container_is_in_the_plugin_namespace(tmp_path: Path, plugin_netn
                                    if n["type"] != "network"]  # hostNetwork
     (b / "config.json").write_text(json.dumps(spec))
     wrapped = cpumap.install(tmp_path / "oci-cpumap", runc, str(plugin_netns))
-    state, name = tmp_path / "state", f"hwsb-netns-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        proc = subprocess.run([str(wrapped), "--root", str(state), "run", "--bundle", str(b),
-                               name], capture_output=True, text=True, timeout=60, check=False,
-                              stdin=subprocess.DEVNULL)
-    finally:
-        subprocess.run([runc, "--root", str(state), "delete", "-f", name], capture_output=True,
-                       check=False)
+    proc = run_once(wrapped, runc, b, tmp_path / "state", "hwsb-netns")
     assert proc.returncode == 0, proc.stderr
     assert int(proc.stdout) == os.stat(plugin_netns).st_ino
     assert int(proc.stdout) != os.stat("/proc/self/ns/net").st_ino
