@@ -6,12 +6,20 @@ mknod, mount namespaces, root-only sockets, Docker, a real Kubernetes); ``fuse``
 first time. A ``root`` test run by another user FAILS with a hint (it never skips), so
 ``pytest -m "not root"`` is how an unprivileged user runs the rest. Everything under
 tests/e2e and tests/kind_e2e is ``root`` and ``network``.
+
+``alone`` marks a test that compares host-wide state (the mount table, /dev, /run, the
+kubelet's directories) before and after itself: under pytest-xdist (``pytest -n 2``) it
+waits until no other test is running, and no other test starts until it
+is done. The turns are ``flock``s on two directories of the checkout, so they hold across
+the workers' processes and leave nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +28,11 @@ from tests.support.fakehw_toy import Server, serving
 from tests.support.paths import REPO
 
 _CLUSTER_DIRS = (REPO / "tests" / "e2e", REPO / "tests" / "kind_e2e")
+# flock'ed directories: the host (shared by every test, exclusive for an ``alone`` one)
+# and a turnstile in front of it, so that a waiting ``alone`` test is not starved by the
+# other worker's next tests
+_HOST_LOCK = REPO / "tests" / "support"
+_TURNSTILE = REPO / "tests"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -38,6 +51,32 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "pytest -m 'not root'",
             pytrace=False,
         )
+
+
+@contextlib.contextmanager
+def _host_turn(alone: bool) -> Iterator[None]:
+    turnstile = os.open(_TURNSTILE, os.O_RDONLY | os.O_DIRECTORY)
+    host = os.open(_HOST_LOCK, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if alone:  # holding the turnstile: no new test starts while the running ones end
+            fcntl.flock(host, fcntl.LOCK_EX)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        else:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+            fcntl.flock(host, fcntl.LOCK_SH)
+        yield
+    finally:  # closing drops the locks
+        os.close(host)
+        os.close(turnstile)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item,
+                            nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    # the whole protocol: setup (module and session fixtures included), call, teardown
+    with _host_turn(item.get_closest_marker("alone") is not None):
+        return (yield)
 
 
 @pytest.fixture

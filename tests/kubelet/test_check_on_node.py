@@ -26,7 +26,8 @@ import pytest
 
 from tests.support.fakehw_toy import require_fuse
 
-pytestmark = [pytest.mark.root, pytest.mark.fuse]
+# `alone`: the host fixture compares the host's mounts, /dev and kubelet dirs before and after
+pytestmark = [pytest.mark.root, pytest.mark.fuse, pytest.mark.alone]
 
 CHECK = [sys.executable, "-m", "sandbox", "kubelet", "check"]
 PLUGIN = [sys.executable, "-m", "hwplugins.deviceplugin"]  # stock defaults: no flags

@@ -40,6 +40,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
 
 
+@pytest.mark.alone  # counts the host's mounts before and after
 def test_the_command_sees_the_trees_machine_and_the_host_keeps_its_own(tree: Path) -> None:
     host_before = Path("/sys/devices/system/cpu/online").read_text()
     mounts_before = Path("/proc/self/mountinfo").read_text().count("\n")
