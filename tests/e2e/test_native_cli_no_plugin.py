@@ -40,7 +40,8 @@ def test_up_without_the_reference_plugin(sandboxes: Sandboxes, tmp_path: Path) -
         "error: sandbox up failed at step 'check': the state dir "), refused.stderr
     assert "too deep for containerd's sockets" in refused.stderr, refused.stderr
     assert not (deep / NAME).exists()
-    with short_dir("cli-") as root:
+    # a prefix scripts/test's HWSANDBOX_TEST_BESIDE covers (kind's mount check beside it)
+    with short_dir("hwsb-e2e-cli-") as root:
         _up_without_the_plugin(root)
 
 

@@ -192,7 +192,16 @@ def host_footprint() -> frozenset[str]:
                             text=True, check=False).stdout.split()
     volumes = subprocess.run(["docker", "volume", "ls", "-q"], capture_output=True, text=True,
                              check=False).stdout.split()
-    return frozenset([f"mount {m}" for m in mounts] + [f"volume {v}" for v in volumes])
+    return frozenset([f"mount {m}" for m in mounts if not _beside(m)]
+                     + [f"volume {v}" for v in volumes])
+
+
+def _beside(mount: str) -> bool:
+    """A mount of the test run beside this one: scripts/test runs the native e2e at the same
+    time and lists in HWSANDBOX_TEST_BESIDE the path prefixes that run mounts below (its temp
+    dirs and kubelet roots, which a kind sandbox never touches)."""
+    prefixes = [p for p in os.environ.get("HWSANDBOX_TEST_BESIDE", "").split(":") if p]
+    return any(mount.startswith(p) for p in prefixes)
 
 
 def leftovers(name: str, before: frozenset[str] | None = None) -> list[str]:
