@@ -103,8 +103,20 @@ class Cluster:
             if value:
                 return value
             time.sleep(0.3)
-        pytest.fail(f"timed out waiting for {what}\n--- kube-scheduler log ---\n"
+        pytest.fail(f"timed out waiting for {what}\n--- pods not scheduled ---\n"
+                    f"{self._unscheduled()}\n--- kube-scheduler log ---\n"
                     f"{self.cp.log('kube-scheduler')}", pytrace=False)  # fmt: skip
+
+    def _unscheduled(self) -> str:
+        """Each pod not (yet) bound, with its PodScheduled condition: the scheduler's reason."""
+        lines = []
+        for pod in self.core.list_namespaced_pod(NS).items:
+            if pod.spec.node_name:
+                continue
+            conds = [c for c in pod.status.conditions or [] if c.type == "PodScheduled"]
+            why = f"{conds[0].reason}: {conds[0].message}" if conds else "not tried yet"
+            lines.append(f"{pod.metadata.name}: {why}")
+        return "\n".join(lines) or "(none)"
 
     def allocated(self, claim: str) -> list[dict[str, Any]]:
         """The claim's allocation results, once the scheduler wrote them."""

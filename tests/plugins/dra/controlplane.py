@@ -67,8 +67,10 @@ class ControlPlane:
         old = self.procs.pop("kube-scheduler", None)
         if old is not None:
             _stop(old)
+        # --v=2: why a pod did not fit ("Unable to schedule pod; no fit"), so that a claim
+        # that is never allocated leaves its reason in the log a failed wait shows
         _spawn(self, "kube-scheduler",
-               scheduler_argv(bin_dir(), self.kubeconfig, _free_port(), gates))
+               [*scheduler_argv(bin_dir(), self.kubeconfig, _free_port(), gates), "--v=2"])
 
     def check_running(self) -> None:
         for name, proc in self.procs.items():
