@@ -101,6 +101,12 @@ def _checkpoint(cluster: NativeCluster) -> dict[str, Any]:
     return claims
 
 
+def _unprepared(cluster: NativeCluster, claimed: ClaimedPod) -> bool:
+    """The driver's NodeUnprepareResources finished for ``claimed``: its CDI file is gone
+    and its checkpoint entry too (removed in that order, so a crash between is redone)."""
+    return not claimed.cdi_file.exists() and claimed.uid not in _checkpoint(cluster)
+
+
 def _dynamic_resources(pod: str) -> list[Any]:
     """The kubelet's pod-resources List: DynamicResource entries of default/``pod``'s main."""
     from cluster import pod_resources
@@ -300,9 +306,11 @@ def test_claimed_gpu_is_prepared_and_unprepared_by_the_real_kubelet(
         # 3. Pod gone -> NodeUnprepareResources -> the CDI file is removed.
         t0 = time.monotonic()
         claimed.delete_pod()
-        wait_until("NodeUnprepareResources to remove the claim's CDI file",
-                   lambda: not claimed.cdi_file.exists(), 90,
-                   describe=lambda: f"still {_cdi_files(cluster)}" + _diagnose(cluster)())
+        # The driver removes the CDI file, then rewrites its checkpoint: wait for both.
+        wait_until("NodeUnprepareResources to remove the claim's CDI file and entry",
+                   lambda: _unprepared(cluster, claimed), 90,
+                   describe=lambda: f"still {_cdi_files(cluster)}, checkpoint "
+                   f"{list(_checkpoint(cluster))}" + _diagnose(cluster)())
         print(f"CDI file removed {time.monotonic() - t0:.1f}s after the pod's deletion")
         assert _checkpoint(cluster) == {}
         assert _cdi_files(cluster) == []
@@ -340,7 +348,7 @@ def test_unplugging_a_claimed_gpu_updates_the_slice(cluster: NativeCluster) -> N
         # ... and once it is deleted the kubelet's unprepare cleans up for a device gone.
         claimed.delete_pod()
         wait_until("NodeUnprepareResources for the unplugged GPU's claim",
-                   lambda: not claimed.cdi_file.exists(), 90, describe=_diagnose(cluster))
+                   lambda: _unprepared(cluster, claimed), 90, describe=_diagnose(cluster))
         assert _checkpoint(cluster) == {}
 
         generation = _generation(cluster)

@@ -190,12 +190,15 @@ def test_whole_gpu_and_partition_claims_reach_their_containers_through_cdi(
 
         # Pod gone -> NodeUnprepareResources for both claims, partition included.
         delete_object(cluster, "pod", pod)
-        wait_until("NodeUnprepareResources to remove both claims' CDI files",
-                   lambda: not list(cluster.layout.cdi.glob("*.json")), 90,
-                   describe=lambda: str(list(cluster.layout.cdi.glob("*.json")))
-                   + _diagnose(cluster))
-        checkpoint = json.loads((cluster.layout.dra / "checkpoint.json").read_text())["claims"]
-        assert checkpoint == {}
+        # The driver removes a claim's CDI files, then rewrites its checkpoint: wait for both.
+        def claims() -> Any:
+            return json.loads((cluster.layout.dra / "checkpoint.json").read_text())["claims"]
+
+        wait_until("NodeUnprepareResources to remove both claims' CDI files and entries",
+                   lambda: not list(cluster.layout.cdi.glob("*.json")) and not claims(), 90,
+                   describe=lambda: f"{list(cluster.layout.cdi.glob('*.json'))}, checkpoint "
+                   f"{list(claims())}" + _diagnose(cluster))
+        assert claims() == {}
         for claim_name in ("cdi-whole", "cdi-part"):
             wait_until(f"{claim_name} to be deallocated",
                        lambda c=claim_name: not read_claim(cluster, c).get("status"), 60)
