@@ -39,10 +39,9 @@ def test_claims_view_matches_the_api_objects(cluster: Cluster, tmp_path: Path) -
     part = {"deviceClassName": "gpu-partition.hwsandbox.dev",
             "selectors": cel(f'{attr("profile")} == "1g.10gb"')}
     claims = {_name("bw"): nic, _name("bw"): nic, _name("mig"): part}
-    for n, request in claims.items():
+    for n, request in claims.items():  # one after another: test_scheduler.py's NIC race
         cluster.claim(n, request)
         cluster.pod(n, "dra-worker", claim=n)
-    for n in claims:
         cluster.wait(f"claim {n} reserved for its pod", lambda n=n: (
             cluster.get_claim(n).get("status") or {}).get("reservedFor"))
 
