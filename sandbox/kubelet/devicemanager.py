@@ -19,6 +19,7 @@ Everything that happens is appended to ``events`` (the protocol log).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -29,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from socket import AF_UNIX, SOCK_STREAM
+from socket import socket as unix_socket
 from typing import Any
 
 import grpc
@@ -459,13 +462,14 @@ class _RegistrationServicer:
 
 
 def _probe(socket: Path) -> bool:
-    """Can we connect to the socket right now (no waiting for the plugin to appear)?"""
-    if not os.path.exists(socket):
-        return False
-    with grpc.insecure_channel(f"unix://{socket}") as channel:
+    """Can we connect to the socket right now (no waiting for the plugin to appear)? A plain
+    connect: a gRPC channel made and closed for this took ~0.2 s even when the plugin was
+    serving, on every registration."""
+    with contextlib.closing(unix_socket(AF_UNIX, SOCK_STREAM)) as s:
+        s.settimeout(0.5)
         try:
-            grpc.channel_ready_future(channel).result(timeout=0.5)
-        except grpc.FutureTimeoutError:
+            s.connect(str(socket))
+        except OSError:
             return False
     return True
 
