@@ -11,23 +11,34 @@ in the foreground or leaves one running (``--daemon``).
     spawn     start_node, wait_node, spawn_node: the server as a detached process; unmount
 """
 
-from sandbox.agent.devdir import (
-    IN_NODE_ENV,
-    create_device_nodes,
-    device_nodes,
-    remove_device_nodes,
-)
-from sandbox.agent.node import (
-    announce_ready,
-    initial_states,
-    load_node,
-    resolve_node,
-    serve_node,
-)
-from sandbox.agent.spawn import spawn_node, start_node, unmount, wait_node, wait_unmounted
+from typing import TYPE_CHECKING
+
+from sandbox import lazy
+
+if TYPE_CHECKING:
+    from sandbox.agent.devdir import (
+        IN_NODE_ENV,
+        create_device_nodes,
+        device_nodes,
+        remove_device_nodes,
+    )
+    from sandbox.agent.node import announce_ready, load_node, resolve_node, serve_node
+    from sandbox.agent.spawn import (
+        spawn_node,
+        start_node,
+        unmount,
+        wait_node,
+        wait_unmounted,
+    )
+else:
+    __getattr__ = lazy.exports(__name__, {
+        "devdir": ["IN_NODE_ENV", "create_device_nodes", "device_nodes", "remove_device_nodes"],
+        "node": ["announce_ready", "load_node", "resolve_node", "serve_node"],
+        "spawn": ["spawn_node", "start_node", "unmount", "wait_node", "wait_unmounted"],
+    })
 
 __all__ = [
-    "IN_NODE_ENV", "announce_ready", "create_device_nodes", "device_nodes", "initial_states",
+    "IN_NODE_ENV", "announce_ready", "create_device_nodes", "device_nodes",
     "load_node", "remove_device_nodes", "resolve_node", "serve_node", "spawn_node",
     "start_node", "unmount", "wait_node", "wait_unmounted",
 ]

@@ -22,28 +22,17 @@ from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.control import ControlPaths
 from sandbox.fakehw.serve.fs import serve
 from sandbox.fakehw.serve.mountroot import check_mount_root
-from sandbox.fakehw.tree import DeviceState, Health, Reason, Tree
-from sandbox.profile import NodeSpec, load_profile
-from sandbox.profile.spec import read_node
+from sandbox.fakehw.states import initial_states
+from sandbox.fakehw.tree import DeviceState, Tree
+from sandbox.profile.spec import NodeSpec, read_node
 
 log = logging.getLogger(__name__)
 
 
-def initial_states(node: NodeSpec) -> dict[str, DeviceState]:
-    """Device states as the profile starts them (health and reason per device)."""
-    states: dict[str, DeviceState] = {}
-    for d in node.devices:
-        if d.health == "unhealthy":
-            reason = Reason(d.health_reason or "aer-fatal")
-            if reason is Reason.REMOVED:
-                states[d.id] = DeviceState(plugged=False)
-            else:
-                states[d.id] = DeviceState(health=Health.UNHEALTHY, reason=reason)
-    return states
-
-
 def resolve_node(profile_path: str, node: str, index: int | None = None) -> NodeSpec:
     """The node ``node`` (replica ``index``) of the profile at ``profile_path``."""
+    from sandbox.profile import load_profile  # the YAML loader only where a profile is read
+
     cluster = load_profile(profile_path).cluster
     spec = cluster.node(node, index)
     if spec is None:

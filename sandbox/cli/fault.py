@@ -230,7 +230,7 @@ def _reset(args: argparse.Namespace) -> int:
     if args.socket is not None:
         raise SandboxError("fault reset puts devices back as the sandbox's profile starts "
                            "them; --socket has no profile (use --name)")
-    from sandbox.agent import initial_states
+    from sandbox.fakehw.states import initial_states
     from sandbox.profile import load_profile
 
     session = find_session(args.name)

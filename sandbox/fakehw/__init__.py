@@ -11,24 +11,33 @@ to one device and the state it leads to), ``states`` (states as JSON, the state 
 tree may never be written or mounted).
 """
 
-from sandbox.fakehw.builder import build_tree
-from sandbox.fakehw.render import render
-from sandbox.fakehw.tree import (
-    CharDevice,
-    DeviceRecord,
-    DeviceState,
-    Dir,
-    Entry,
-    File,
-    Health,
-    Reason,
-    Symlink,
-    Tree,
-)
+from typing import TYPE_CHECKING
+
+from sandbox import lazy
+
+if TYPE_CHECKING:
+    from sandbox.fakehw.builder import build_tree
+    from sandbox.fakehw.tree import (
+        CharDevice,
+        DeviceRecord,
+        DeviceState,
+        Dir,
+        Entry,
+        File,
+        Health,
+        Reason,
+        Symlink,
+        Tree,
+    )
+else:
+    __getattr__ = lazy.exports(__name__, {
+        "builder": ["build_tree"],
+        "tree": ["CharDevice", "DeviceRecord", "DeviceState", "Dir", "Entry", "File",
+                 "Health", "Reason", "Symlink", "Tree"],
+    })
 
 __all__ = [
     "build_tree",
-    "render",
     "CharDevice",
     "DeviceRecord",
     "DeviceState",

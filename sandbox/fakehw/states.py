@@ -1,5 +1,6 @@
 """Device states on disk and in the control API: JSON (de)serialisation, the atomic
-state file a server keeps across restarts, and the device list ``get`` reports."""
+state file a server keeps across restarts, the device list ``get`` reports, and the
+states a profile starts its devices in."""
 
 from __future__ import annotations
 
@@ -7,13 +8,29 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import ControlError
 from sandbox.fakehw import mig as migrule
 from sandbox.fakehw.tree import DeviceRecord, DeviceState, GpuInstance, Health, Reason
 
+if TYPE_CHECKING:
+    from sandbox.profile.spec import NodeSpec
+
 STATE_FILE_VERSION = 1
+
+
+def initial_states(node: NodeSpec) -> dict[str, DeviceState]:
+    """Device states as the profile starts them (health and reason per device)."""
+    states: dict[str, DeviceState] = {}
+    for d in node.devices:
+        if d.health == "unhealthy":
+            reason = Reason(d.health_reason or "aer-fatal")
+            if reason is Reason.REMOVED:
+                states[d.id] = DeviceState(plugged=False)
+            else:
+                states[d.id] = DeviceState(health=Health.UNHEALTHY, reason=reason)
+    return states
 
 
 def state_to_json(state: DeviceState) -> dict[str, Any]:

@@ -12,19 +12,33 @@ nodeview       the plugin's mount namespace: the tree at /sys, /dev, /proc/drive
 junit          a check's report as JUnit XML
 """
 
+from typing import TYPE_CHECKING
+
+from sandbox import lazy
 from sandbox.errors import AllocationError, KubeletError, TopologyAffinityError
-from sandbox.kubelet.conformance import CheckReport, CheckResult, check
-from sandbox.kubelet.devicemanager import DeviceManager
-from sandbox.kubelet.pluginwatcher import Claim, PluginWatcher, RegisteredPlugin
-from sandbox.kubelet.resources import (
-    Allocation,
-    DeviceInfo,
-    Event,
-    ResourceState,
-    Snapshot,
-    is_extended_resource_name,
-)
-from sandbox.kubelet.topology import Hint, Policy
+
+if TYPE_CHECKING:
+    from sandbox.kubelet.conformance import CheckReport, CheckResult, check
+    from sandbox.kubelet.devicemanager import DeviceManager
+    from sandbox.kubelet.pluginwatcher import Claim, PluginWatcher, RegisteredPlugin
+    from sandbox.kubelet.resources import (
+        Allocation,
+        DeviceInfo,
+        Event,
+        ResourceState,
+        Snapshot,
+        is_extended_resource_name,
+    )
+    from sandbox.kubelet.topology import Hint, Policy
+else:
+    __getattr__ = lazy.exports(__name__, {
+        "conformance": ["CheckReport", "CheckResult", "check"],
+        "devicemanager": ["DeviceManager"],
+        "pluginwatcher": ["Claim", "PluginWatcher", "RegisteredPlugin"],
+        "resources": ["Allocation", "DeviceInfo", "Event", "ResourceState", "Snapshot",
+                      "is_extended_resource_name"],
+        "topology": ["Hint", "Policy"],
+    })
 
 __all__ = [
     "Allocation",

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandbox.kubelet import Snapshot
+from sandbox.kubelet.resources import Snapshot
 
 
 @dataclass(frozen=True)

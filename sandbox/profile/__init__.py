@@ -11,11 +11,24 @@ and read it back (docs/spec-format.md); ``defaults.defaulted_profile`` writes a 
 back as a profile with every default stated (``sandbox show -o yaml``).
 """
 
-from sandbox.profile.bundled import PROFILE_HELP
-from sandbox.profile.document import STDIN_NAME, format_loc
-from sandbox.profile.loader import LoadedProfile, load_profile, load_profile_text
-from sandbox.profile.model import API_VERSION, KIND, Profile
-from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
+from typing import TYPE_CHECKING
+
+from sandbox import lazy
+
+if TYPE_CHECKING:
+    from sandbox.profile.bundled import PROFILE_HELP
+    from sandbox.profile.document import STDIN_NAME, format_loc
+    from sandbox.profile.loader import LoadedProfile, load_profile, load_profile_text
+    from sandbox.profile.model import API_VERSION, KIND, Profile
+    from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
+else:
+    __getattr__ = lazy.exports(__name__, {
+        "bundled": ["PROFILE_HELP"],
+        "document": ["STDIN_NAME", "format_loc"],
+        "loader": ["LoadedProfile", "load_profile", "load_profile_text"],
+        "model": ["API_VERSION", "KIND", "Profile"],
+        "spec": ["Cluster", "DeviceSpec", "NodeSpec"],
+    })
 
 __all__ = [
     "API_VERSION",

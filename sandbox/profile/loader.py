@@ -34,7 +34,7 @@ One run reports every problem, in three stages:
    ``pciAddresses`` may add the host bridge another device needs: its node is treated as
    one whose own fields failed. Leaving a device out renumbers the next ones (gpu1 becomes
    gpu0), and with them the ``{i}`` in generic devices' ``devNodes``: their check
-   (``resolve.devnames``) runs only on nodes that lost no device.
+   (``devnames``) runs only on nodes that lost no device.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import pydantic
 
 from sandbox.errors import Problem, ProfileError
 from sandbox.profile import bundled, model
+from sandbox.profile.devnames import dev_node_problems
 from sandbox.profile.document import (
     STDIN_NAME,
     Positions,
@@ -59,7 +60,6 @@ from sandbox.profile.document import (
 )
 from sandbox.profile.problems import dedupe, real_loc, translate
 from sandbox.profile.resolve import ResolveFailed, check_device, resolve
-from sandbox.profile.resolve.devnames import dev_node_problems
 from sandbox.profile.spec import Cluster, Loc
 
 
@@ -222,7 +222,7 @@ def _check_dev_nodes(profile: model.Profile, cluster: Cluster, check: Callable[[
                      ) -> Iterator[tuple[Loc, str]]:
     """Generic devices' ``devNodes`` are the only /dev paths and numbers a profile names
     itself: each that takes what a driver on its node owns, or clashes with another, is a
-    located problem (``resolve.devnames``), checked on the first replica of each node."""
+    located problem (``devnames``), checked on the first replica of each node."""
     for i, node in enumerate(profile.nodes):
         if not any(isinstance(d, model.Generic) and d.dev_nodes for d in node.devices):
             continue

@@ -21,8 +21,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from sandbox import supervisor
-from sandbox.agent import initial_states, start_node, unmount, wait_node
+from sandbox.agent.spawn import start_node, unmount, wait_node
 from sandbox.errors import RuntimeBackendError, SandboxError
+from sandbox.fakehw.states import initial_states
 from sandbox.kubelet.status import read_status
 from sandbox.profile import spec
 from sandbox.profile.spec import Cluster, NodeSpec

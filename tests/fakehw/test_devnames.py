@@ -1,5 +1,5 @@
 """The loader checks generic devNodes against what the emulated drivers own
-(``sandbox.profile.resolve.devnames``), without building a tree. That table must cover
+(``sandbox.profile.devnames``), without building a tree. That table must cover
 everything the builder makes: every /dev node of a device, every sysfs class and every
 entry of a PCI function's directory in the trees of the shipped and test profiles belongs
 to a driver on that node (or to the node's own generic devNodes). Then the checks
@@ -16,7 +16,7 @@ from sandbox.errors import ProfileError
 from sandbox.fakehw.builder import build_tree
 from sandbox.fakehw.tree import BlockDevice, CharDevice, Dir, File
 from sandbox.profile import load_profile, load_profile_text
-from sandbox.profile.resolve.devnames import (
+from sandbox.profile.devnames import (
     class_owner,
     name_owner,
     node_class,

@@ -10,7 +10,7 @@ RDMA/InfiniBand, NVMe namespaces, generic devNodes. Each that loads is built and
 rendered with the real renderer (no FUSE) into a scratch directory, on tmpfs where there
 is one (a render is file creation: twenty times faster there than on a busy disk); one
 that does not must say where (``file:line:col``). Generic devNodes that take another
-device's node are refused by the loader (``resolve.devnames``), so no accepted profile
+device's node are refused by the loader (``devnames``), so no accepted profile
 may fail to build.
 ``HWSANDBOX_RENDER_EXAMPLES`` sets the number of examples (default 120).
 """

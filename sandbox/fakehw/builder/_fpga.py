@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 
 from sandbox.fakehw.builder._common import RW, Ctx
-from sandbox.profile.resolve.devnames import DFL_FME_MAJOR, DFL_PORT_MAJOR
+from sandbox.profile.devnames import DFL_FME_MAJOR, DFL_PORT_MAJOR
 from sandbox.profile.spec import DeviceSpec
 
 # Both majors are allocated dynamically by drivers/fpga/dfl.c; these are typical values.

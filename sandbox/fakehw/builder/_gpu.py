@@ -13,7 +13,7 @@ from sandbox.fakehw.builder import _nvidia_proc
 from sandbox.fakehw.builder._common import RW, Ctx
 from sandbox.fakehw.builder._pci import PciPlan
 from sandbox.profile import catalogue
-from sandbox.profile.resolve.devnames import (
+from sandbox.profile.devnames import (
     DRM_MAJOR,
     KFD_MAJOR,
     NVIDIA_CAPS_MAJOR,

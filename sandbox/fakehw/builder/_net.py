@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sandbox.fakehw.builder._common import RW, Ctx, fault
 from sandbox.fakehw.builder._pci import PciPlan
 from sandbox.fakehw.tree import DeviceState, Reason
-from sandbox.profile.resolve.devnames import (
+from sandbox.profile.devnames import (
     IB_MAJOR,
     MISC_MAJOR,
     RDMA_CM_MINOR,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from sandbox.fakehw.builder._common import RW, Ctx, fault
 from sandbox.fakehw.tree import Reason
-from sandbox.profile.resolve.devnames import BLOCK_EXT_MAJOR, NVME_CHAR_MAJOR
+from sandbox.profile.devnames import BLOCK_EXT_MAJOR, NVME_CHAR_MAJOR
 from sandbox.profile.spec import DeviceSpec, NvmeSpec
 
 # The controllers' character devices: a dynamic major (alloc_chrdev_region "nvme"); this

@@ -17,7 +17,7 @@ from __future__ import annotations
 from sandbox.fakehw.builder._common import RO, RW, WO, Ctx
 from sandbox.fakehw.builder._cpu import CPU, NODE, swap_kb
 from sandbox.fakehw.builder._smbios import dmi_values, smbios_tables
-from sandbox.profile.resolve.devnames import BLOCK_EXT_MAJOR, node_class, owners
+from sandbox.profile.devnames import BLOCK_EXT_MAJOR, node_class, owners
 
 MEMORY = "sys/devices/system/memory"
 MiB, GiB = 2**20, 2**30

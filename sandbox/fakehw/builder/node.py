@@ -35,7 +35,7 @@ from sandbox.fakehw.builder import _cpu, _fpga, _gpu, _net, _nvidia_proc, _nvme,
 from sandbox.fakehw.builder._common import Ctx, present
 from sandbox.fakehw.builder._system import add_system
 from sandbox.fakehw.tree import DeviceRecord, DeviceState, Dir, Tree, TreeError
-from sandbox.profile.resolve.devnames import MEM_MAJOR, VFIO_GROUP_MAJOR, VFIO_MINOR
+from sandbox.profile.devnames import MEM_MAJOR, VFIO_GROUP_MAJOR, VFIO_MINOR
 from sandbox.profile.spec import DeviceSpec, NodeSpec
 
 
