@@ -387,10 +387,11 @@ def _read(path: str | os.PathLike[str]) -> NodeSpec | Cluster:
 
 
 def _encode(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _encode(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, tuple):
         return [_encode(v) for v in value]
+    fields = getattr(value, "__dataclass_fields__", None)  # cheaper than fields() per value
+    if fields is not None and not isinstance(value, type):
+        return {name: _encode(getattr(value, name)) for name in fields}
     return value
 
 
@@ -429,23 +430,34 @@ def _where(at: Loc) -> str:
 _SCALARS = (int, str, bool)
 
 
+@functools.cache
+def _shape(hint: Any) -> tuple[str, tuple[Any, ...]]:
+    """What kind of type ``hint`` is, and its arguments (once per hint)."""
+    origin = typing.get_origin(hint)
+    kind = ("scalar" if hint in _SCALARS else "dataclass" if dataclasses.is_dataclass(hint)
+            else "union" if origin is types.UnionType or origin is typing.Union
+            else "tuple" if origin is tuple else "other")  # fmt: skip
+    return kind, typing.get_args(hint)
+
+
 def _decode(hint: Any, value: Any, at: Loc) -> Any:
-    if hint in _SCALARS:
+    shape, args = _shape(hint)
+    if shape == "scalar":
         if type(value) is hint:
             return value
         raise SpecError(f"{_where(at)}: expected {hint.__name__}, got {value!r}")
-    if dataclasses.is_dataclass(hint):
+    if shape == "dataclass":
         return _decode_dataclass(hint, value, at)
-    origin = typing.get_origin(hint)
-    if origin is types.UnionType or origin is typing.Union:
-        for option in typing.get_args(hint):
+    if shape == "union":
+        if value is None and type(None) in args:
+            return None
+        for option in args:
             try:
                 return _decode(option, value, at)
             except SpecError:
                 continue
         raise SpecError(f"{_where(at)}: {value!r} is none of {hint}")
-    if origin is tuple:
-        args = typing.get_args(hint)
+    if shape == "tuple":
         if not isinstance(value, list):
             raise SpecError(f"{_where(at)}: expected a list, got {value!r}")
         if len(args) == 2 and args[1] is Ellipsis:
