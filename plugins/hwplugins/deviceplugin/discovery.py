@@ -25,7 +25,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hwplugins.devices import Health, PciDevice, aer_symptoms, device_health, missing, scan
+from hwplugins.devices import (
+    READERS,
+    Health,
+    PciDevice,
+    Scanner,
+    aer_symptoms,
+    device_health,
+    missing,
+)
 from hwplugins.sysfs import SysRoot
 
 HEALTHY = "Healthy"
@@ -210,8 +218,11 @@ def group(devices: Iterable[PciDevice], rules: Sequence[Rule] = DEFAULT_RULES,
 
 
 def discover(
-    root: Path | str, rules: Sequence[Rule] = DEFAULT_RULES, ignore: Iterable[str] = ()
+    root: Path | str, rules: Sequence[Rule] = DEFAULT_RULES, ignore: Iterable[str] = (),
+    readers: int = READERS,
 ) -> list[Device]:
-    """What the plugin advertises for the tree under ``root`` (one scan, then ``group``)."""
+    """What the plugin advertises for the tree under ``root`` (one scan, then ``group``).
+    ``readers=1`` where the tree was just read (warm caches: 1,000 GPUs in 0.10 s, against
+    0.22 s with threads fighting over the GIL; see ``Scanner``)."""
     r = SysRoot(root)
-    return group(scan(root, ignore), rules, r.dev_exists)
+    return group(Scanner(root, ignore, readers).scan(), rules, r.dev_exists)
