@@ -6,8 +6,8 @@ which needs only a resolved spec, paid for the YAML loader's pydantic model, and
 `sandbox` command that read a status file for the kubelet harness's gRPC. ``exports``
 gives such a package a module ``__getattr__`` (PEP 562) that imports a name's module when
 the name is first used. The package lists the same imports under ``TYPE_CHECKING`` for
-type checkers, and its ``__all__`` as before (tests/test_lazy_imports.py checks all three
-agree).
+type checkers, and its ``__all__`` as before (tests/test_lazy_imports.py checks the
+exports against ``__all__``).
 """
 
 from __future__ import annotations
