@@ -383,6 +383,7 @@ def _slot(address: str) -> str:
     return address.rpartition(".")[0] or address
 
 
-def scan(root: str | os.PathLike[str], ignore: Iterable[str] = ()) -> list[PciDevice]:
+def scan(root: str | os.PathLike[str], ignore: Iterable[str] = (),
+         readers: int = READERS) -> list[PciDevice]:  # fmt: skip
     """Every PCI function with readable ids below ``root``, sorted by address."""
-    return Scanner(root, ignore).scan()
+    return Scanner(root, ignore, readers).scan()

@@ -29,10 +29,10 @@ from hwplugins.devices import (
     READERS,
     Health,
     PciDevice,
-    Scanner,
     aer_symptoms,
     device_health,
     missing,
+    scan,
 )
 from hwplugins.sysfs import SysRoot
 
@@ -225,4 +225,4 @@ def discover(
     ``readers=1`` where the tree was just read (warm caches: 1,000 GPUs in 0.10 s, against
     0.22 s with threads fighting over the GIL; see ``Scanner``)."""
     r = SysRoot(root)
-    return group(Scanner(root, ignore, readers).scan(), rules, r.dev_exists)
+    return group(scan(root, ignore, readers), rules, r.dev_exists)
