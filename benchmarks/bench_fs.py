@@ -6,13 +6,16 @@ The default tree is the demo profile (8gpu-2numa); fakehw_toy:rebuild_large is a
 synthetic one from tests/.
 
 Prints stat+read of every file with os-level calls, cold (first pass on a fresh mount,
-best of --rounds mounts) and cached (best of --rounds later passes), against a copy
-written to /dev/shm (rounds interleaved, so load on the machine hits both alike); the
+best of --rounds mounts: with the server's cache warming off, right after the server says
+ready while it warms, and once it has warmed) and cached (best of --rounds later passes),
+against a copy written to /dev/shm (rounds interleaved, so load on the machine hits both
+alike), and what the warming took (time, estimated memory against its bound); the
 second pass of real readers (lstopo, lspci -vnn, find+cat over sys/ and proc/), best of
 3 x --rounds (process start-up is most of their time), against the same on the copy;
 and fault-to-visible latency: from sending a control request to the moment a fresh
 open()/listdir() in this process sees the change.
-Targets (issue 16): cached <= 2x, cold <= 20x, readers <= 1.2x tmpfs, visible <= 10 ms.
+Targets (issue 28): cached <= 1.5x, cold (warmed) <= 10x, readers <= 1.1x tmpfs, visible
+<= 5 ms.
 Says whether the server ran in its no-open fast mode (the patched pyfuse3).
 """
 
@@ -77,8 +80,10 @@ def stat_read_all(root: Path, files: list[str]) -> float:
     return time.perf_counter() - t0
 
 
-def start(root: Path, rebuild: str) -> subprocess.Popen[bytes]:
+def start(root: Path, rebuild: str, warm_mib: str | None = None) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    if warm_mib is not None:
+        env["HWSANDBOX_FUSE_WARM_MIB"] = warm_mib
     proc = subprocess.Popen(
         [sys.executable, "-m", "fakehw_serve", str(root), "--rebuild", rebuild],
         stdout=subprocess.PIPE,
@@ -105,6 +110,17 @@ def stop(root: Path, proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
+
+
+def warmed(sock: Path) -> dict[str, float]:
+    """Waits until the server has warmed the mount's caches; its ``warm`` report."""
+    with ControlClient(sock) as c:
+        for _ in range(600):
+            warm = c.get()["warm"]
+            if warm["done"]:
+                return dict(warm)
+            time.sleep(0.1)
+    raise SystemExit("the server did not finish warming in 60 s")
 
 
 def until(pred: Callable[[], bool], timeout: float = 5.0) -> float:
@@ -197,17 +213,24 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-fs-", dir="/tmp"))
     shm = Path(tempfile.mkdtemp(prefix="bench-fs-", dir="/dev/shm"))
     root = work / "root"
-    cold = tmpfs = cached = float("inf")
+    tmpfs = cached = float("inf")
+    cold = dict.fromkeys(("off", "ready", "warmed"), float("inf"))
+    warm: dict[str, float] = {}
+    warm_s: list[float] = []
     try:
         write_copy(tree, shm)
         stat_read_all(shm, files)
-        for _ in range(args.rounds):  # cold: a fresh mount each time, nothing cached
-            proc = start(root, args.rebuild)
-            try:
-                tmpfs = min(tmpfs, stat_read_all(shm, files))
-                cold = min(cold, stat_read_all(root, files))
-            finally:
-                stop(root, proc)
+        for _ in range(args.rounds):  # cold: a fresh mount each time
+            for mode in cold:
+                proc = start(root, args.rebuild, "0" if mode == "off" else None)
+                try:
+                    if mode == "warmed":
+                        warm = warmed(work / "root.sock")
+                        warm_s.append(warm["seconds"])
+                    tmpfs = min(tmpfs, stat_read_all(shm, files))
+                    cold[mode] = min(cold[mode], stat_read_all(root, files))
+                finally:
+                    stop(root, proc)
         proc = start(root, args.rebuild)
         try:
             stat_read_all(root, files)
@@ -238,18 +261,24 @@ def main() -> int:
     print(f"tree: {args.rebuild}: {n} files, {sum(1 for _ in tree.walk())} entries; "
           f"server: {mode}")  # fmt: skip
     print(f"{'stat+read per file':28} {'fuse':>11} {'tmpfs':>11} {'ratio':>7}  target")
-    print(f"{'  cold (fresh mount)':28} {us(cold)} {us(tmpfs)} {cold / tmpfs:6.1f}x  <= 20x")
-    print(
-        f"{'  cached (best of rounds)':28} {us(cached)} {us(tmpfs)} {cached / tmpfs:6.1f}x  <= 2x"
-    )
+    rows = {"off": "  cold, warming off", "ready": "  cold, right after ready",
+            "warmed": "  cold, warmed"}  # fmt: skip
+    for mode, label in rows.items():
+        target = "<= 10x" if mode == "warmed" else ""
+        print(f"{label:28} {us(cold[mode])} {us(tmpfs)} {cold[mode] / tmpfs:6.1f}x  {target}")
+    print(f"{'  cached (best of rounds)':28} {us(cached)} {us(tmpfs)} {cached / tmpfs:6.1f}x  "
+          "<= 1.5x")  # fmt: skip
+    print(f"warming: {warm.get('entries', 0)} entries, {warm.get('files', 0)} files, "
+          f"{warm.get('kib', 0) / 1024:.1f} MiB (bound: HWSANDBOX_FUSE_WARM_MIB, default 64), "
+          f"median {statistics.median(warm_s or [0]):.2f} s after ready")
     print(f"{'second pass of a reader':28} {'fuse':>11} {'tmpfs':>11} {'ratio':>7}  target")
     for name, (f, t) in passes.items():
-        print(f"{'  ' + name:28} {f * 1e3:8.1f} ms {t * 1e3:8.1f} ms {f / t:6.2f}x  <= 1.2x")
+        print(f"{'  ' + name:28} {f * 1e3:8.1f} ms {t * 1e3:8.1f} ms {f / t:6.2f}x  <= 1.1x")
     print(f"fault -> visible to a fresh open/listdir ({args.faults} rounds)")
     print(f"{'  control call returns':28} {ms(lat['call'])}")
-    print(f"{'  health (aer_dev_fatal)':28} {ms(lat['health'])}   target <= 10 ms")
-    print(f"{'  unplug (gone from listing)':28} {ms(lat['unplug'])}   target <= 10 ms")
-    print(f"{'  plug (back)':28} {ms(lat['plug'])}   target <= 10 ms")
+    print(f"{'  health (aer_dev_fatal)':28} {ms(lat['health'])}   target <= 5 ms")
+    print(f"{'  unplug (gone from listing)':28} {ms(lat['unplug'])}   target <= 5 ms")
+    print(f"{'  plug (back)':28} {ms(lat['plug'])}   target <= 5 ms")
     return 0
 
 

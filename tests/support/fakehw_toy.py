@@ -195,12 +195,13 @@ def serving(root: Path, *args: str, **kw: Any) -> Iterator[Server]:
 
 def start_server(
     root: Path, *args: str, rebuild: str = "fakehw_toy:rebuild", timeout: float = 20.0,
-    wrapper: Sequence[str] = (),
+    wrapper: Sequence[str] = (), env: Mapping[str, str] | None = None,
 ) -> Server:
     """Start a server on ``root`` and wait until it says it is mounted and listening.
-    ``wrapper`` prefixes the command (e.g. ``prlimit --nofile=1024``)."""
+    ``wrapper`` prefixes the command (e.g. ``prlimit --nofile=1024``); ``env`` adds to
+    this process's environment."""
     require_fuse()
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SUPPORT), env.get("PYTHONPATH", "")) if p)
     argv: Sequence[str] = [
         *wrapper,

@@ -2,7 +2,9 @@
 
     live           LiveTree: the current device states and tree, a change's new tree and diff
     treediff       what differs between two trees, and patching one into another
-    fs             serve(): the FUSE filesystem (the only pyfuse3 user) and the control socket
+    fs             serve(): the FUSE filesystem and the control socket
+    kcache         the kernel's caches of the mount: invalidation, warming (with fs, the
+                   only pyfuse3 users)
     mountroot      where a tree may be mounted; clearing a dead mount (no pyfuse3)
     controlserver  ControlServer: the control socket's server (its client: ``fakehw.control``)
 

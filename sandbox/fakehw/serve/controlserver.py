@@ -82,6 +82,7 @@ class ControlServer:
     ``on_diff`` is awaited after every committed change, before the reply: the FUSE layer
     invalidates kernel caches there, so a reader that starts after the reply sees the
     change. ``state_file`` (if set) is rewritten atomically after every change.
+    ``get`` replies carry ``info`` and what ``status()`` returns at the time.
     """
 
     def __init__(
@@ -91,11 +92,13 @@ class ControlServer:
         on_diff: Callable[[Diff], Awaitable[None]],
         state_file: Path | None = None,
         info: Mapping[str, Any] | None = None,
+        status: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self._live = live
         self._on_diff = on_diff
         self._state_file = state_file
         self._info = dict(info or {})
+        self._status = status
         self._lock = trio.Lock()
         self._seq = 0
         self._watchers: set[trio.MemorySendChannel[dict[str, Any]]] = set()
@@ -221,6 +224,7 @@ class ControlServer:
             "op": "get",
             "seq": self._seq,
             **self._info,
+            **(self._status() if self._status is not None else {}),
             "devices": describe(self._live.device_list()),
         }
 

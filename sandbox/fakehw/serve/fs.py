@@ -1,11 +1,13 @@
 """The live FUSE filesystem: serves a ``LiveTree`` read-only and keeps kernel caches honest.
 
-This is the only module that imports pyfuse3. Reads are cached by the kernel with long
+Only this module and ``kcache`` import pyfuse3. Reads are cached by the kernel with long
 entry/attr timeouts and ``keep_cache`` (tmpfs-fast); correctness comes from invalidation:
-after every committed change the ``Diff`` is turned into ``invalidate_entry`` /
-``invalidate_inode`` calls, run in a worker thread (they block while a related request is
-in flight, and requests are served by this process's trio thread), and the control reply
-is only sent once they are done.
+after every committed change the ``Diff`` becomes ``invalidate_entry`` /
+``invalidate_inode`` calls (``kcache.notify_kernel``), run in a worker thread (they block
+while a related request is in flight, and requests are served by this process's trio
+thread); the control reply is only sent once they are done. In fast mode a fresh mount's
+caches are filled in the background (``kcache.warm``) and a change's new bytes are put
+back in the page cache.
 
 With pyfuse3 built with our patch (scripts/build-pyfuse3; ``FAST_MODE_AVAILABLE``) the
 server runs in the kernel's no-open mode (see ``_Operations``): a cached read costs no
@@ -36,7 +38,7 @@ import os
 import signal
 import stat
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import pyfuse3
@@ -44,10 +46,11 @@ import trio
 
 from sandbox.errors import MountError
 from sandbox.fakehw.control import ControlPaths, control_paths
+from sandbox.fakehw.serve import kcache
 from sandbox.fakehw.serve.controlserver import ControlServer
 from sandbox.fakehw.serve.live import LiveTree, Rebuild
 from sandbox.fakehw.serve.mountroot import MountPoint, mounted_fstype, recover_mount
-from sandbox.fakehw.serve.treediff import Diff, Kind, kind_of
+from sandbox.fakehw.serve.treediff import Diff, Kind, kind_of, size_of
 from sandbox.fakehw.states import load_states
 from sandbox.fakehw.tree import BlockDevice, DeviceState, Dir, Entry, File, Symlink
 
@@ -56,7 +59,6 @@ log = logging.getLogger(__name__)
 FSNAME = "hwsandbox"
 DEFAULT_DEV_MAP = (1, 3)  # /dev/null: openable and harmless
 CACHE_TIMEOUT = 86400.0  # seconds; invalidation, not expiry, keeps caches correct
-_INVALIDATE_IGNORED = (errno.ENOENT, errno.ENOTDIR)
 # pyfuse3 built with scripts/pyfuse3-hwsandbox.patch passes the inode to read/readdir when
 # the kernel runs without OPEN/OPENDIR (fh 0), and can request FUSE_CAP_CACHE_SYMLINKS.
 FAST_MODE_AVAILABLE = getattr(pyfuse3, "HWSANDBOX_PATCH", 0) >= 1
@@ -101,11 +103,13 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         self._next_fh = 1
         self._stored: set[int] = set()  # inodes whose current bytes we put in the page cache
         self.invalidations = 0
+        self.store_lock = trio.Lock()  # page-cache stores of fast mode vs invalidation
+        self.requests = 0
 
     # -- helpers ------------------------------------------------------------------------
     def _inode(self, path: str, entry: Entry) -> int:
         kind = kind_of(entry)
-        key = (path, kind, _size(entry))
+        key = (path, kind, size_of(entry))
         ino = self._ino.get(key)
         if ino is None:
             ino = len(self._path) + pyfuse3.ROOT_INODE
@@ -124,7 +128,7 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         entry = self.live.snapshot.index.get(path)
         if entry is None or kind_of(entry) != kind:
             raise pyfuse3.FUSEError(errno.ENOENT)
-        if _size(entry) != size:  # the path's value has another length now: this inode's
+        if size_of(entry) != size:  # the path's value has another length now: this inode's
             entry = self._last.get(inode, entry)
         return path, entry
 
@@ -138,7 +142,7 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         a.st_gid = 0
         a.st_blksize = 4096
         a.st_rdev = 0
-        size = _size(entry)
+        size = size_of(entry)
         if isinstance(entry, Dir):
             a.st_mode = stat.S_IFDIR | entry.mode
             subdirs = sum(1 for c in entry.children.values() if isinstance(c, Dir))
@@ -169,8 +173,17 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         a.st_ctime_ns = t
         return a
 
+    def current_file(self, path: str) -> tuple[int, bytes] | None:
+        """The inode handed out for ``path``'s current bytes, and the bytes (a file)."""
+        entry = self.live.snapshot.index.get(path)
+        if not isinstance(entry, File) or not entry.data:
+            return None
+        ino = self._ino.get((path, "file", len(entry.data)))
+        return None if ino is None else (ino, entry.data)
+
     # -- handlers -----------------------------------------------------------------------
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> Any:
+        self.requests += 1  # readers' lookups and reads: warming waits while they come
         parent, entry = self._entry(parent_inode)
         if not isinstance(entry, Dir):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -278,14 +291,15 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
             # READ waits for this loop, so doing it here deadlocked (seen in CI). If the
             # tree changed meanwhile, the store may hold old bytes: drop them again.
             version = self.live.snapshot.version
-            stored = await trio.to_thread.run_sync(_store, inode, entry.data)
+            stored = await trio.to_thread.run_sync(kcache.store, inode, entry.data)
             if self.live.snapshot.version != version:
-                await trio.to_thread.run_sync(_notify_kernel, [(inode, None)])
+                await trio.to_thread.run_sync(kcache.notify_kernel, [(inode, None)])
             elif stored:
                 self._stored.add(inode)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
+        self.requests += 1
         try:
             _, entry = self._entry(fh)  # fh is the inode (open() returns it, or fast mode)
         except pyfuse3.FUSEError:
@@ -342,11 +356,11 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
             entry = current.get(path)
             if entry is None or (path, kind) not in self._sized:
                 continue
-            ino = self._ino.get((path, kind, _size(entry)))
+            ino = self._ino.get((path, kind, size_of(entry)))
             if ino is not None:  # it may hold pages of an earlier value of this length
                 ops.append((ino, None))
             old = previous.get(path)
-            if old is not None and kind_of(old) == kind and _size(old) != _size(entry):
+            if old is not None and kind_of(old) == kind and size_of(old) != size_of(entry):
                 dentry(path)  # another length: the path names another inode now
         for path in diff.dirs:
             ino = self._ino.get((path, "dir", 0))
@@ -359,38 +373,15 @@ class _Operations(pyfuse3.Operations):  # type: ignore[misc]
         # Before any await: ``plan`` compares with the snapshot this change replaced.
         ops = self.plan(diff)
         self._stored.difference_update(ino for ino, name in ops if name is None)
-        if ops:
-            self.invalidations += len(ops)
-            await trio.to_thread.run_sync(_notify_kernel, ops)
-
-
-def _size(entry: Entry) -> int:
-    """What st_size says: a file's or a symlink's length; 0 for the rest."""
-    if isinstance(entry, File):
-        return len(entry.data)
-    if isinstance(entry, Symlink):
-        return len(os.fsencode(entry.target))
-    return 0
-
-
-def _store(inode: int, data: bytes) -> bool:
-    try:
-        pyfuse3.notify_store(inode, 0, data)
-    except OSError:
-        return False  # only an optimisation: read() serves whatever is missing
-    return True
-
-
-def _notify_kernel(ops: Sequence[tuple[int, bytes | None]]) -> None:
-    for ino, name in ops:
-        try:
-            if name is None:
-                pyfuse3.invalidate_inode(ino)
-            else:
-                pyfuse3.invalidate_entry(ino, name)
-        except OSError as exc:
-            if exc.errno not in _INVALIDATE_IGNORED:
-                log.warning("invalidating inode %d %r: %s", ino, name, exc)
+        if not ops:
+            return
+        self.invalidations += len(ops)
+        # Fast mode puts the new bytes of files that kept their inode back in the page
+        # cache right after dropping the old ones: readers after a fault pay no round trip.
+        keys = [self._path[ino] for ino, name in ops if name is None and self.fast]
+        fresh = [x for p, k, _ in keys if k == "file" and (x := self.current_file(p))]
+        async with self.store_lock:  # after any warming store of older bytes
+            await trio.to_thread.run_sync(kcache.notify_kernel, ops, fresh)
 
 
 # -- mounting ---------------------------------------------------------------------------
@@ -455,12 +446,14 @@ async def serve(
             pyfuse3.__version__,
         )
     ops = _Operations(live, dev_map, fast=fast)
+    warmed = kcache.Warmed(done=not fast)
     server = ControlServer(
         live,
         on_diff=ops.invalidate,
         state_file=paths.state,
         info={"mount": str(mountpoint), "pid": os.getpid(),
               **({"node": node} if node is not None else {})},
+        status=lambda: {"warm": warmed.describe()},
     )
     try:
         pyfuse3.init(ops, str(mountpoint), _mount_options(fsname, allow_dev))
@@ -485,6 +478,11 @@ async def serve(
             if threading.current_thread() is threading.main_thread():
                 await nursery.start(stop_on_signal)
             task_status.started(paths)
+            if fast:  # the kernel's caches filled in the background
+                nursery.start_soon(kcache.warm, str(mountpoint),
+                                   lambda: live.snapshot.tree.root, ops.current_file,
+                                   kcache.store_all, ops.store_lock, kcache.budget_bytes(),
+                                   warmed, lambda: ops.requests)
             # Fast-mode handlers never await, so one worker task serves every request in
             # turn (cold reads ~30% faster than pyfuse3's pool of 99, which pays for its
             # read lock and wake-ups); today's mode awaits in open() and needs the pool.

@@ -182,7 +182,11 @@ class LiveTree:
         return [replace(self.records[d], state=self.state(d)) for d in sorted(self.records)]
 
     def changed_ns(self, path: str) -> int:
-        """When the entry at ``path`` last changed (the mount time if never)."""
+        """When the entry at ``path`` appeared, or a directory's entries last changed (the
+        mount time if never). A file keeps its time when its value changes, as a sysfs
+        attribute does; the FUSE layer needs that too: the kernel drops a file's page cache
+        when a fresh getattr shows another mtime, which would undo ``kcache``'s store of
+        the new bytes."""
         return self._changed_ns.get(path, self.started_ns)
 
     @property
@@ -279,7 +283,7 @@ class LiveTree:
         self.records.update(pending.snapshot.tree.devices)
         diff = pending.diff
         now = self._clock()
-        for path, _ in (*diff.added, *diff.changed):
+        for path, _ in diff.added:  # a changed value keeps its time (see changed_ns)
             self._changed_ns[path] = now
         for path in diff.dirs:
             self._changed_ns[path] = now

@@ -11,6 +11,7 @@ version. Pure: no I/O.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -30,6 +31,15 @@ def kind_of(entry: Entry) -> Kind:
     if isinstance(entry, BlockDevice):
         return "blk"
     return "chr"
+
+
+def size_of(entry: Entry) -> int:
+    """What st_size says: a file's or a symlink's length; 0 for the rest."""
+    if isinstance(entry, File):
+        return len(entry.data)
+    if isinstance(entry, Symlink):
+        return len(os.fsencode(entry.target))
+    return 0
 
 
 @dataclass(frozen=True)
