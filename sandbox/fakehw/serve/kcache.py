@@ -95,14 +95,15 @@ def plan(root: Dir, budget: int) -> tuple[list[str], list[str], int]:
     planned: set[str] = set()
     used = 0
 
-    def add(path: str) -> bool:
-        """Plans ``path`` and its parents; False once the budget is spent."""
+    def add(path: str, d: Dir | None = None) -> bool:
+        """Plans ``path`` (the directory ``d``, looked up if not given) and its parents;
+        False once the budget is spent."""
         nonlocal used
         if path in planned:
             return True
         if path and not add(posixpath.dirname(path)):
             return False
-        d = _lookup(root, path)
+        d = d or _lookup(root, path)
         if d is None:
             return True
         cost = sum(ENTRY_COST + (-(-len(c.data) // PAGE) * PAGE
@@ -122,14 +123,12 @@ def plan(root: Dir, budget: int) -> tuple[list[str], list[str], int]:
     first = [PCI_DEVICES, *(posixpath.normpath(posixpath.join(PCI_DEVICES, t)) for t in links)]
     if not all(map(add, first)):
         return dirs, files, used
-    queue = [""]
-    for path in queue:  # grows while iterated: breadth-first
-        if not add(path):
+    queue: list[tuple[str, Dir]] = [("", root)]
+    for path, d in queue:  # grows while iterated: breadth-first
+        if not add(path, d):
             break
-        d = _lookup(root, path)
         prefix = f"{path}/" if path else ""
-        queue.extend(prefix + n for n, c in (d.children.items() if d else ())
-                     if isinstance(c, Dir))  # fmt: skip
+        queue.extend((prefix + n, c) for n, c in d.children.items() if isinstance(c, Dir))
     return dirs, files, used
 
 
@@ -228,6 +227,9 @@ async def warm(
     that is already paying round trips (a device plugin's first scan)."""
     t0 = time.perf_counter()
     dirs, files, used = plan(snapshot_root(), budget)
+    if not dirs:  # off, or not even the first directory fits
+        status.done = True
+        return
     seen = activity()
 
     async def quiet() -> None:
@@ -236,25 +238,23 @@ async def warm(
             seen = activity()
             await trio.sleep(QUIET)
 
-    if dirs:
-        try:
-            status.entries = await _list(mountpoint, dirs, quiet)
-        except OSError as exc:  # only an optimisation: say so and serve on
-            log.warning("warming the mount's caches stopped: %s", exc)
-            status.done = True
-            return
-    status.bytes = used if dirs else 0
+    try:
+        status.entries = await _list(mountpoint, dirs, quiet)
+    except OSError as exc:  # only an optimisation: say so and serve on
+        log.warning("warming the mount's caches stopped: %s", exc)
+        status.done = True
+        return
+    status.bytes = used
     for i in range(0, len(files), CHUNK):
         await quiet()
         async with lock:
             chunk = [x for x in map(stored_inode, files[i : i + CHUNK]) if x is not None]
             if chunk:
                 status.files += await trio.to_thread.run_sync(store, chunk)
-    status.seconds = time.perf_counter() - t0 if dirs else 0.0
+    status.seconds = time.perf_counter() - t0
     status.done = True
-    if dirs:
-        log.info("warmed %d entries and %d files (%.1f MiB of %.1f) in %.2f s",
-                 status.entries, status.files, used / 2**20, budget / 2**20, status.seconds)
+    log.info("warmed %d entries and %d files (%.1f MiB of %.1f) in %.2f s",
+             status.entries, status.files, used / 2**20, budget / 2**20, status.seconds)
 
 
 def store(inode: int, data: bytes) -> bool:
