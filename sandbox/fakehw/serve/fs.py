@@ -446,7 +446,8 @@ async def serve(
             pyfuse3.__version__,
         )
     ops = _Operations(live, dev_map, fast=fast)
-    warmed = kcache.Warmed(done=not fast)
+    budget = kcache.budget_bytes() if fast else 0
+    warmed = kcache.Warmed(done=not budget)
     server = ControlServer(
         live,
         on_diff=ops.invalidate,
@@ -455,9 +456,13 @@ async def serve(
               **({"node": node} if node is not None else {})},
         status=lambda: {"warm": warmed.describe()},
     )
+    # Before the mount: a child forked after it would hold a copy of /dev/fuse (kcache).
+    lister = await kcache.start_lister(str(mountpoint)) if budget else None
     try:
         pyfuse3.init(ops, str(mountpoint), _mount_options(fsname, allow_dev))
     except RuntimeError as exc:
+        if lister is not None:
+            lister.kill()
         hint = "" if os.geteuid() == 0 else " (run as root, e.g. with sudo)"
         raise MountError(f"{mountpoint}: mount failed: {exc}{hint}") from exc
     stopped_by_us = False
@@ -478,11 +483,10 @@ async def serve(
             if threading.current_thread() is threading.main_thread():
                 await nursery.start(stop_on_signal)
             task_status.started(paths)
-            if fast:  # the kernel's caches filled in the background
-                nursery.start_soon(kcache.warm, str(mountpoint),
-                                   lambda: live.snapshot.tree.root, ops.current_file,
-                                   kcache.store_all, ops.store_lock, kcache.budget_bytes(),
-                                   warmed, lambda: ops.requests)
+            if lister is not None:  # the kernel's caches filled in the background
+                nursery.start_soon(kcache.warm, lambda: live.snapshot.tree.root,
+                                   ops.current_file, kcache.store_all, ops.store_lock,
+                                   budget, warmed, lister, lambda: ops.requests)
             # Fast-mode handlers never await, so one worker task serves every request in
             # turn (cold reads ~30% faster than pyfuse3's pool of 99, which pays for its
             # read lock and wake-ups); today's mode awaits in open() and needs the pool.

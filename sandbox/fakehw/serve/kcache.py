@@ -142,18 +142,25 @@ def _lookup(root: Dir, path: str) -> Dir | None:
 
 # The lister: a process of its own, never a thread of the server. A FUSE server that reads
 # its own mount cannot be killed cleanly: a thread waiting for the server's answer keeps
-# the process (and its /dev/fuse descriptor) alive forever once the server is gone. It
-# also runs in a private mount namespace of its own, so the directories it holds open pin
-# its copy of the mount and never make `fusermount3 -u` of the server's mount fail busy.
-# Reads batches (JSON lists of paths below argv[1]), one per line; answers each with the
-# number of entries it listed.
+# the process (and its /dev/fuse descriptor) alive forever once the server is gone. It is
+# started before the mount (``start_lister``): a child forked later holds a copy of the
+# /dev/fuse descriptor until it execs, and a server killed in that window left its dead
+# mount answering ECONNABORTED instead of ENOTCONN for a moment (seen under load). On its
+# first batch, when the mount exists, it moves to a private mount namespace of its own,
+# so the directories it holds open pin its copy of the mount and never make
+# `fusermount3 -u` of the server's mount fail busy. Reads batches (JSON lists of paths
+# below argv[1]), one per line; answers each with the number of entries it listed.
 _LISTER = r"""
 import ctypes, json, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
-if libc.unshare(0x00020000) or libc.mount(b"none", b"/", None, 0x4000 | 0x40000, None):
-    sys.exit("warming: cannot make a private mount namespace: "
-             + os.strerror(ctypes.get_errno()))
+private = False
 for line in sys.stdin:
+    if not private:
+        if libc.unshare(0x00020000) or libc.mount(b"none", b"/", None, 0x4000 | 0x40000,
+                                                  None):
+            sys.exit("warming: cannot make a private mount namespace: "
+                     + os.strerror(ctypes.get_errno()))
+        private = True
     seen = 0
     for rel in json.loads(line):
         try:
@@ -165,12 +172,17 @@ for line in sys.stdin:
 """
 
 
-async def _list(mountpoint: str, dirs: Sequence[str], quiet: Callable[[], Awaitable[None]]) -> int:
-    """Lists ``dirs`` through the mount in the lister process, a batch after each
-    ``quiet()``; returns the entries listed."""
-    proc = await trio.lowlevel.open_process(
+async def start_lister(mountpoint: str) -> trio.Process:
+    """The lister process for ``mountpoint``; start it before mounting (see above)."""
+    return await trio.lowlevel.open_process(
         [sys.executable, "-c", _LISTER, mountpoint], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE)  # fmt: skip
+
+
+async def _list(proc: trio.Process, dirs: Sequence[str],
+                quiet: Callable[[], Awaitable[None]]) -> int:  # fmt: skip
+    """Lists ``dirs`` through the mount in the lister process, a batch after each
+    ``quiet()``; returns the entries listed. Ends the lister."""
     assert proc.stdin is not None
     assert proc.stdout is not None
     lister = _Lister(proc.stdin, proc.stdout)
@@ -210,24 +222,26 @@ class _Lister:
 
 
 async def warm(
-    mountpoint: str,
     snapshot_root: Callable[[], Dir],
     stored_inode: Callable[[str], tuple[int, bytes] | None],
     store: Callable[[Sequence[tuple[int, bytes]]], int],
     lock: trio.Lock,
     budget: int,
     status: Warmed,
+    lister: trio.Process,
     activity: Callable[[], int] = lambda: 0,
 ) -> None:
     """Warm the mount: see the module's docstring. ``stored_inode(path)`` gives the inode
     the kernel knows for a file of the current snapshot and its bytes (None if none);
-    ``store`` pushes a chunk (in a worker thread) and returns how many it stored.
+    ``store`` pushes a chunk (in a worker thread) and returns how many it stored;
+    ``lister`` is ``start_lister``'s, which this ends.
     ``activity()`` counts readers' requests: each step waits while readers are being
     served (until QUIET seconds pass without one), so warming never slows a reader
     that is already paying round trips (a device plugin's first scan)."""
     t0 = time.perf_counter()
     dirs, files, used = plan(snapshot_root(), budget)
-    if not dirs:  # off, or not even the first directory fits
+    if not dirs:  # not even the first directory fits
+        lister.kill()
         status.done = True
         return
     seen = activity()
@@ -239,7 +253,7 @@ async def warm(
             await trio.sleep(QUIET)
 
     try:
-        status.entries = await _list(mountpoint, dirs, quiet)
+        status.entries = await _list(lister, dirs, quiet)
     except OSError as exc:  # only an optimisation: say so and serve on
         log.warning("warming the mount's caches stopped: %s", exc)
         status.done = True
