@@ -1,7 +1,9 @@
 """`sandbox up --runtime native --no-device-plugin`, as a user runs it before deploying a
 third-party plugin: the node serves its fake hardware and is Ready, but nothing advertises
 it (no reference plugin socket, no ``nvidia.com/gpu`` on the node) until that plugin comes;
-`sandbox down` removes it all.
+`sandbox down` removes it all. A kubelet root left by a native sandbox killed before its
+`down` (our marker, its plugins' sockets) is made afresh by this `up`, and removed by its
+`down`.
 
 The real CLI in a state root of its own; the session's shared cluster is taken down first
 (one native cluster at a time: it owns /var/lib/kubelet).
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -45,12 +48,34 @@ def test_up_without_the_reference_plugin(sandboxes: Sandboxes, tmp_path: Path) -
         _up_without_the_plugin(root)
 
 
+def _left_by_a_dead_sandbox() -> list[Path]:
+    """A kubelet root as a native sandbox killed before its `down` leaves it: our marker,
+    and its plugins' sockets (bound, never unlinked)."""
+    from sandbox.runtimes.native.cleanup import CREATED_MARKER
+
+    kubelet = kubelet_root()
+    assert not kubelet.exists(), f"{kubelet} is there with no native sandbox running"
+    stale = [kubelet / "device-plugins" / "gone-plugin.sock",
+             kubelet / "plugins_registry" / "gone-driver-reg.sock"]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.bind(str(path))
+    (kubelet / CREATED_MARKER).write_text("made by `sandbox up --runtime native`\n")
+    return stale
+
+
 def _up_without_the_plugin(root: Path) -> None:
     env = dict(os.environ, HWSANDBOX_STATE_DIR=str(root))
+    stale = _left_by_a_dead_sandbox()
     up = _sandbox(env, "up", str(PROFILE), "--runtime", "native", "--no-device-plugin",
                   "--name", NAME)
     try:
         assert up.returncode == 0, up.stderr
+        # the dead sandbox's kubelet root is made afresh: none of its sockets is left
+        assert "left by an earlier native sandbox that is gone" in up.stderr, up.stderr
+        assert not any(p.exists() for p in stale), [p for p in stale if p.exists()]
+        assert not any((kubelet_root() / "plugins_registry").glob("*.sock"))
         assert "sandbox kubeconfig" in up.stdout, up.stdout  # up's "Next:" lines
         # `sandbox kubeconfig` as a user gets it: the path, the text, a copy for kubectl
         path = _sandbox(env, "kubeconfig", "--name", NAME, "--path")
@@ -82,6 +107,7 @@ def _up_without_the_plugin(root: Path) -> None:
         down = _sandbox(env, "down", "--name", NAME)
     assert down.returncode == 0, down.stderr
     assert not (root / NAME).exists()
+    assert not kubelet_root().exists(), "down left the kubelet root it made"
     again = _sandbox(env, "down", "--name", NAME)  # a teardown step after a failed run
     assert again.returncode == 0, again.stderr
     assert "nothing to remove" in again.stderr

@@ -201,6 +201,13 @@ class NativeRuntime:
             raise RuntimeBackendError("check", problem)
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         root = kubelet_root()
+        if (root / CREATED_MARKER).is_file() and not mounts_below(root):
+            # made by a native sandbox that is gone (no kubelet runs: checked above) and not
+            # removed by a `down` (killed, say): its plugins' sockets would look registered
+            # to this kubelet and to `sandbox fault restart-kubelet`'s count. Made afresh
+            # below, as this sandbox's own.
+            progress(f"removing {root}, left by an earlier native sandbox that is gone")
+            shutil.rmtree(root)
         ip = host_ip()
         ports = free_ports(("etcd", "etcd-peer", "apiserver", "controller-manager",
                             "scheduler", "kubelet", "kubelet-healthz"))
