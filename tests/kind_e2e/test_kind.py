@@ -245,9 +245,10 @@ def test_restart_kubelet_plugin_reregisters(gpu: KindSandbox) -> None:
             capture_output=True, text=True, env=gpu.kenv.env, check=False)
         return proc.stdout.count("registered with ") if proc.returncode == 0 else -1
 
-    # once at the start, once more when `up` restarted the kubelet on the emulated machine
+    # with the kubelet `up` restarted on the emulated machine, and with the first one too if
+    # the plugin came before that restart (`up` does not wait for it)
     registered = registrations()
-    assert registered == 2
+    assert registered in (1, 2)
     out = gpu.sandbox("fault", "--name", NAME, "restart-kubelet", "gpu-worker").stdout
     assert "gpu-worker: kubelet restarted" in out, out
     assert "plugin registration(s) back after" in out, out

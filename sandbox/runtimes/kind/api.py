@@ -12,6 +12,7 @@ import contextlib
 import shutil
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -188,25 +189,72 @@ def docker_client() -> Any:
     return docker.from_env(timeout=30)
 
 
+def admin_api(client: Any, cluster: str) -> Any:
+    """A client of ``cluster``'s API server before ``kind create`` has written the
+    kubeconfig: the control plane's admin.conf, pointed where kind's kubeconfig will
+    point (the API server port Docker publishes on the host)."""
+    import yaml
+    from kubernetes import client as k8s
+    from kubernetes import config
+
+    node = client.containers.get(f"{cluster}-control-plane")
+    read = node.exec_run(["cat", "/etc/kubernetes/admin.conf"])
+    if read.exit_code:
+        raise SandboxError("no admin.conf yet")
+    conf = yaml.safe_load(read.output)
+    binding = node.attrs["NetworkSettings"]["Ports"]["6443/tcp"][0]
+    conf["clusters"][0]["cluster"]["server"] = (f"https://{binding['HostIp'] or '127.0.0.1'}:"
+                                                f"{binding['HostPort']}")
+    return k8s.CoreV1Api(config.new_client_from_config_dict(conf))
+
+
 class EarlyLoad(threading.Thread):
     """Build the sandbox image and ``kind load`` it as soon as the nodes can take it: once
     kubeadm init has begun on the control plane, kind has finished restarting every
-    node's containerd (its config action runs first). ``finish`` waits for it, and loads
-    again the ordinary way if the early load failed or never started."""
+    node's containerd (its config action runs first). Then, with ``deploy``, call it with
+    an API client as soon as the API server answers (the agent and plugin DaemonSets: their
+    pods start as the workers join, while kind still waits). ``finish`` waits for the
+    load, loads again the ordinary way if the early load failed or never started, and
+    stops waiting for the API server (``deploy`` records what it made; a failure of it is
+    kept in ``deploy_error``)."""
 
     def __init__(self, cluster: str, client: Any, node_image: str, work: Path,
-                 progress: Progress) -> None:
+                 progress: Progress, deploy: Callable[[Any], None] | None = None,
+                 local: bool = False) -> None:
         super().__init__(name="hwsb-early-load", daemon=True)
         self.cluster, self.client, self.node_image = cluster, client, node_image
-        self.work, self.progress = work, progress
+        self.work, self.progress, self.deploy = work, progress, deploy
+        self.local = local  # the Docker daemon runs on this kernel (host transport)
         self.cancelled = threading.Event()
+        self.created = threading.Event()  # `kind create` is over: deploy no more
         self.agent: agentimage.AgentImage | None = None
         self.error: BaseException | None = None
         self.loaded = False
+        self.deploy_error: SandboxError | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
         self.join(timeout=30)
+
+    def _deploy_when_served(self) -> None:
+        assert self.deploy is not None
+        api = None
+        while not (self.cancelled.is_set() or self.created.is_set()):
+            try:
+                api = api or admin_api(self.client, self.cluster)
+                # the API answers, kubeadm's RBAC for admin.conf is there, and the
+                # controller-manager runs (it made kube-system's default ServiceAccount)
+                api.read_namespaced_service_account("default", "kube-system")
+            except Exception:  # noqa: BLE001 - not yet
+                self.cancelled.wait(0.5)
+                continue
+            try:
+                self.deploy(api)
+            except SandboxError as exc:
+                self.deploy_error = exc
+            except Exception as exc:  # noqa: BLE001 - reported by the agent step
+                self.deploy_error = RuntimeBackendError("agent", f"creating the agent: {exc}")
+            return
 
     def _preloaded(self) -> frozenset[str]:
         if not self.node_image:
@@ -216,6 +264,30 @@ class EarlyLoad(threading.Thread):
         except Exception:  # noqa: BLE001 - no labels: ship every layer
             return frozenset()
         return frozenset(filter(None, labels.get(PRELOADED_LABEL, "").split(",")))
+
+    def _in_node(self, node: Any, path: str) -> bool:
+        """Does ``path`` exist in kind node ``node``? Where the Docker daemon runs on this
+        kernel, through /proc/PID/root of the node's init (once its /etc/hostname shows
+        it is that node): a `docker exec` costs ~0.15 s of the two cores kubeadm is using.
+        Elsewhere (a daemon in a VM) with `test -e` in the node."""
+        pid = (node.attrs.get("State") or {}).get("Pid") or 0
+        if self.local and pid:
+            root = Path(f"/proc/{pid}/root")
+            with contextlib.suppress(OSError):
+                if (root / "etc/hostname").read_text().strip() == node.name:
+                    return (root / path.lstrip("/")).exists()
+        return bool(node.exec_run(["test", "-e", path]).exit_code == 0)
+
+    def _nodes_take_images(self) -> bool:
+        """kubeadm init has begun on the control plane (kind's config action, which may
+        restart containerd, is over) and every node's containerd listens: systemd in a
+        node may start containerd only after that, and an import then finds no socket."""
+        nodes = self.client.containers.list(
+            filters={"label": f"io.x-k8s.kind.cluster={self.cluster}"})
+        control_plane = [n for n in nodes if n.name == f"{self.cluster}-control-plane"]
+        return bool(control_plane) and self._in_node(
+            control_plane[0], "/etc/kubernetes/manifests/kube-apiserver.yaml") and all(
+            self._in_node(node, "/run/containerd/containerd.sock") for node in nodes)
 
     def _load(self) -> None:
         assert self.agent is not None
@@ -231,14 +303,11 @@ class EarlyLoad(threading.Thread):
     def run(self) -> None:
         try:
             self.agent = agentimage.build(self.progress, self.work, self._preloaded())
-            control_plane = f"{self.cluster}-control-plane"
             while not self.cancelled.is_set():
                 with contextlib.suppress(Exception):
-                    done = self.client.containers.get(control_plane).exec_run(
-                        ["test", "-e", "/etc/kubernetes/manifests/kube-apiserver.yaml"])
-                    if done.exit_code == 0:
+                    if self._nodes_take_images():
                         break
-                self.cancelled.wait(0.5)
+                self.cancelled.wait(0.2 if self.local else 0.5)
             else:
                 return
             self.progress(f"loading {agentimage.IMAGE} into the node(s) while kubeadm runs "
@@ -247,8 +316,12 @@ class EarlyLoad(threading.Thread):
             self.loaded = True
         except BaseException as exc:  # noqa: BLE001 - reported by finish()
             self.error = exc
+            return
+        if self.deploy is not None:
+            self._deploy_when_served()
 
     def finish(self) -> None:
+        self.created.set()
         self.join()
         if self.loaded:
             return
@@ -256,5 +329,7 @@ class EarlyLoad(threading.Thread):
             raise self.error  # building the image failed: trying again cannot help
         if self.agent is None:
             self.agent = agentimage.build(self.progress, self.work, self._preloaded())
+        if self.error is not None:
+            self.progress(f"loading while kubeadm ran failed ({self.error}); again")
         self.progress(f"loading {agentimage.IMAGE} into the node(s) ({self.agent.shipped})")
         self._load()

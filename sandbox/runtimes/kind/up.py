@@ -106,6 +106,8 @@ class KindUp:
         self.image = ""
         self.facts = HostFacts()
         self.record = SandboxRecord()
+        self.deployed = False  # the agent (and plugin) objects exist in the cluster
+        self.deploy_error: SandboxError | None = None
 
     def preflight(self) -> None:
         """No kind cluster of that name, the node image at hand; the record, each
@@ -164,7 +166,9 @@ class KindUp:
     def cluster_and_image(self) -> None:
         """``kind create cluster`` on a network of its own; the sandbox image is built and
         loaded while kind creates the cluster (unpacking it in the nodes is the slow part);
-        if that fails it is loaded again afterwards."""
+        if that fails it is loaded again afterwards. Once loaded, the agent and plugin
+        objects are created as soon as the API server answers (``_deploy``), so that their
+        pods start while kind joins the workers and waits for them."""
         self.record = replace(self.record, kind_cluster=self.name,
                               kubeconfig=str(self.kubeconfig), network=network_name(self.name))
         write_record(self.state_dir, self.record)
@@ -173,7 +177,8 @@ class KindUp:
                       f"image {self.image or 'kind default'}{f' ({shape})' if shape else ''}")
         env = {**os.environ, "KIND_EXPERIMENTAL_DOCKER_NETWORK": network_name(self.name)}
         with tempfile.TemporaryDirectory(prefix="hwsb-image-") as work:
-            early = EarlyLoad(self.name, self.client, self.image, Path(work), self.progress)
+            early = EarlyLoad(self.name, self.client, self.image, Path(work), self.progress,
+                              deploy=self._deploy, local=self.record.transport == "host")
             early.start()
             try:
                 # --retain: on a failure kind would delete its nodes itself, and a node's
@@ -192,14 +197,28 @@ class KindUp:
                         f"SANDBOX_KIND_IMAGE to a local one; {exc}") from exc
                 raise
             early.finish()  # errors here name the step "image"
+            self.deploy_error = early.deploy_error
 
     def agent_and_plugins(self) -> None:
         """The agent DaemonSets and our device plugin, created together (the plugin finds
-        the tree once the agent has mounted it; its mount sees the tree appear); then
-        until every node serves its tree and advertises."""
+        the tree once the agent has mounted it; its mount sees the tree appear), unless the
+        cluster step already did; then until every node serves its tree and, without the
+        topology step, advertises."""
         api = api_client(self.kubeconfig)
         if self.facts.minimal:
             scale_coredns_to_zero(api)
+        if self.deploy_error is not None:
+            raise self.deploy_error
+        if not self.deployed:
+            self._deploy(api)
+        self._wait_agents(api)
+        if self.runtime.reference_plugin and not self.runtime.emulate_topology:
+            self._wait_plugins(api)
+        # else the topology step restarts the kubelets at once and waits for both: the
+        # plugin registers again with each restarted kubelet anyway
+
+    def _deploy(self, api: Any) -> None:
+        """The agent DaemonSets and, unless --no-device-plugin, our device plugin's."""
         plugin = self.runtime.reference_plugin
         self.progress("deploying the fake-hardware agent " + (
             "and the reference device plugin" if plugin else
@@ -213,14 +232,12 @@ class KindUp:
                         container["args"] = [*container.get("args", []),
                                              *self.runtime.plugin_options]
             create(api, manifests, "plugins")
-        self._wait_agents(api)
-        if plugin:
-            self._wait_plugins(api)
+        self.deployed = True
 
     def topology(self) -> None:
         """Each profile node's kubelet restarted on its emulated machine
-        (``kindtopology``), then until each node is Ready with the emulated CPU count and,
-        with our plugin, advertises again."""
+        (``kindtopology``) as soon as its tree is served, then until each node is Ready
+        with the emulated CPU count and, with our plugin, advertises its devices."""
         if not self.runtime.emulate_topology:
             return
         api = api_client(self.kubeconfig)
@@ -232,29 +249,42 @@ class KindUp:
             exec_in_node(targets[node.name], ["sh", "-c", kindtopology.RECONFIGURE],
                          "topology")
         want = {node.name: len(node.cpus) for node in self.cluster.nodes}
+        devices = {node.name for node in self.cluster.nodes if self.runtime.reference_plugin
+                   and advertisable(node, len(node.devices))}
         deadline = time.monotonic() + PLUGIN_TIMEOUT
+        back: set[str] = set()  # Ready on the emulated machine, maybe not advertising yet
         while want:
             for item in api.list_node().items:
                 replica = (item.metadata.labels or {}).get(NODE_LABEL)
                 if replica not in want:
                     continue
                 capacity = item.status.capacity or {}
-                allocatable = item.status.allocatable or {}
-                advertises = not self.runtime.reference_plugin or not any(
-                    ours(r) for r in capacity) or any(
-                    ours(r) and int(v) > 0 for r, v in allocatable.items())
-                if (is_ready(item) and capacity.get("cpu") == str(want[replica]) and advertises
-                        and _serves_agent_log(api, targets[replica])):
-                    self.progress(f"{replica}: kubelet sees cpu={capacity.get('cpu')}, "
-                                  f"memory={capacity.get('memory')}")
-                    del want[replica]
+                advertised = {r: v for r, v in (item.status.allocatable or {}).items()
+                              if ours(r) and int(v) > 0}
+                if is_ready(item) and capacity.get("cpu") == str(want[replica]):
+                    back.add(replica)
+                    if ((advertised or replica not in devices)
+                            and _serves_agent_log(api, targets[replica])):
+                        self.progress(f"{replica}: kubelet sees cpu={capacity.get('cpu')}, "
+                                      f"memory={capacity.get('memory')}" + "".join(
+                                          f", {r}={v}" for r, v in sorted(advertised.items())))
+                        del want[replica]
             if not want:
                 return
+            if devices & set(want):
+                fail_on_broken_pods(api, "kube-system",
+                                     "app.kubernetes.io/name=hw-sandbox-device-plugin", "plugins")
             if time.monotonic() > deadline:
+                late = sorted(set(want) - back)
+                if not late:
+                    raise RuntimeBackendError(
+                        "plugins", f"no extended resource on {', '.join(sorted(want))} within "
+                        f"{PLUGIN_TIMEOUT:.0f}s; see `kubectl -n kube-system logs "
+                        "-l app.kubernetes.io/name=hw-sandbox-device-plugin`")
                 raise RuntimeBackendError(
-                    "topology", f"{', '.join(sorted(want))}: the kubelet did not come back "
+                    "topology", f"{', '.join(late)}: the kubelet did not come back "
                     f"on the emulated machine within {PLUGIN_TIMEOUT:.0f}s; see `docker exec "
-                    f"{targets[sorted(want)[0]]} journalctl -u kubelet`")
+                    f"{targets[late[0]]} journalctl -u kubelet`")
             time.sleep(0.25)
 
     def _wait_agents(self, api: Any) -> None:
