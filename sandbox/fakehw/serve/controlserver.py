@@ -48,9 +48,21 @@ MAX_CONNECTIONS = 1024  # past this, the connection idle the longest is dropped
 MAX_WATCHERS = 256
 LISTEN_BACKLOG = 1024
 GOODBYE_TIMEOUT = 1.0  # seconds to send a dropped watcher why, if it does not read
+HANG_UP_DRAIN = 1.0  # seconds to read and drop what a refused client still sends
 EMPTY_LINE = "empty request line (send one JSON object per line)"
 WATCH_TAKES_NO_REQUESTS = ("a watching connection takes no requests: disconnected "
                            "(send requests on another connection)")
+
+
+async def _hang_up(stream: trio.SocketStream) -> None:
+    """End a connection whose client may still be sending (the rest of an oversized
+    line): our side shut first, so its next read sees end of file, then what it sends
+    read and dropped for up to HANG_UP_DRAIN seconds. Closed with unread bytes, a unix
+    socket resets its peer instead: the client says "connection reset", not "closed"."""
+    with trio.move_on_after(HANG_UP_DRAIN):
+        await stream.send_eof()
+        while await stream.receive_some(65536):
+            pass
 
 
 # -- server -------------------------------------------------------------------------------
@@ -159,6 +171,7 @@ class ControlServer:
                         if len(buf) > MAX_LINE:
                             too_long = f"request longer than {MAX_LINE} bytes"
                             await stream.send_all(encode_line(error_reply(None, too_long)))
+                            await _hang_up(stream)
                             return
                         chunk = await stream.receive_some(65536)
                         if not chunk:
