@@ -39,25 +39,6 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     return time.monotonic() - t0
 
 
-def delete_bare(env: dict[str, str]) -> None:
-    """``kind delete cluster`` of the baseline, and what ``sandbox down`` removes after it
-    too: the nodes' /var volumes, which the kubelets' mounts surfacing on the host (the
-    bidirectional extraMounts) keep Docker from removing with the nodes."""
-    import docker
-
-    from sandbox.runtimes.kind.host import mounts_under, node_volumes, unmount
-
-    volumes = node_volumes("hwsb-bench-bare")
-    timed(["kind", "delete", "cluster", "--name", "hwsb-bench-bare"], env)
-    unmount([m for v in volumes.values() for m in mounts_under(v)])
-    client = docker.from_env()
-    for volume in volumes:
-        try:
-            client.volumes.get(volume).remove()
-        except docker.errors.NotFound:
-            pass  # removed with its node after all
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", default=str(REPO / "profiles" / "8gpu-2numa.yaml"))
@@ -69,6 +50,7 @@ def main() -> int:
     from sandbox.runtimes.kind import KindRuntime, host_facts
     from sandbox.runtimes.kind import topology as kindtopology
     from sandbox.runtimes.kind.config import kind_config_text
+    from sandbox.runtimes.kind.host import delete_cluster
 
     runtime = KindRuntime()
     reason = runtime.unavailable_reason()
@@ -101,7 +83,7 @@ def main() -> int:
             bare.append(timed(["kind", "create", "cluster", "--name", "hwsb-bench-bare",
                                "--config", str(config), "--wait", "180s", "--kubeconfig",
                                str(bare_dir / "kubeconfig")], env))
-            delete_bare(env)
+            delete_cluster("hwsb-bench-bare")  # and its nodes' volumes, as `down` does
             ours.append(timed([sys.executable, "-m", "sandbox", "up", args.profile,
                                "--runtime", "kind", "--name", "hwsb-bench"], env))
             timed([sys.executable, "-m", "sandbox", "down", "--name", "hwsb-bench"], env)

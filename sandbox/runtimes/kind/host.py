@@ -13,7 +13,7 @@ from sandbox.cache import cache_root
 from sandbox.commands import run
 from sandbox.errors import SandboxError
 from sandbox.images.node import KIND_VERSION, SHAPE_LABEL
-from sandbox.runtimes.kind.api import docker_client
+from sandbox.runtimes.kind.api import KIND_TIMEOUT, docker_client
 from sandbox.runtimes.kind.config import HostFacts
 
 
@@ -88,6 +88,20 @@ def node_volumes(cluster: str) -> dict[str, Path]:
         all=True, filters={"label": f"io.x-k8s.kind.cluster={cluster}"})
     return {m["Name"]: Path(m["Source"]) for c in containers for m in c.attrs.get("Mounts", [])
             if m.get("Type") == "volume" and m.get("Name") and m.get("Source")}
+
+
+def delete_cluster(cluster: str) -> None:
+    """``kind delete cluster``, then its nodes' /var volumes. What the nodes' kubelets
+    mounted below those volumes (pods' projected service-account tmpfs) surfaced on the
+    host through the nodes' shared propagation and outlives the nodes; it kept Docker from
+    removing the volumes with them, so they go now."""
+    volumes = node_volumes(cluster)
+    run(["kind", "delete", "cluster", "--name", cluster], timeout=KIND_TIMEOUT)
+    unmount([m for v in volumes.values() for m in mounts_under(v)])
+    client = docker_client()
+    for volume in volumes:
+        with contextlib.suppress(Exception):  # removed with its container after all
+            client.volumes.get(volume).remove()
 
 
 def unmount(mounts: list[str]) -> None:

@@ -42,10 +42,10 @@ from sandbox.runtimes.kind.host import (
     host_facts,
     localdocker_client,
     mounts_under,
-    node_volumes,
     propagation,
     unmount,
 )
+from sandbox.runtimes.kind.host import delete_cluster as delete_kind_cluster
 from sandbox.runtimes.kind.transport import choose as choose_transport
 from sandbox.runtimes.record import NodeRecord, SandboxRecord, read_record, write_record
 from sandbox.runtimes.steps import Step
@@ -345,19 +345,8 @@ def steps(state_dir: Path, progress: Progress, up: KindUp | None = None) -> list
     def delete_cluster() -> None:
         record = read_record(state_dir) or SandboxRecord()
         if record.kind_cluster:
-            volumes = node_volumes(record.kind_cluster)
             progress(f"deleting kind cluster {record.kind_cluster}")
-            run(["kind", "delete", "cluster", "--name", record.kind_cluster],
-                timeout=KIND_TIMEOUT)
-            # What the nodes' kubelets mounted below their /var volume (pods' projected
-            # service-account tmpfs) surfaced on the host through the nodes' shared
-            # propagation and outlives the nodes; it kept Docker from removing the
-            # volumes with them, so they go now.
-            unmount([m for v in volumes.values() for m in mounts_under(v)])
-            client = docker_client()
-            for volume in volumes:
-                with contextlib.suppress(Exception):  # removed with its container after all
-                    client.volumes.get(volume).remove()
+            delete_kind_cluster(record.kind_cluster)
         if record.network:
             with contextlib.suppress(Exception):
                 docker_client().networks.get(record.network).remove()
