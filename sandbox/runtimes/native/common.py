@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox import supervisor
-from sandbox.cache import CONTAINERD_VERSION
+from sandbox.cache import CONTAINERD_VERSION, cache_root
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.supervisor import Proc
 
@@ -55,7 +55,8 @@ CONTAINERD_BUILD_HINT = "run scripts/build-containerd"
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("HWSANDBOX_CACHE", str(Path.home() / ".cache" / "hw-sandbox")))
+    """The project's cache (``sandbox.cache.cache_root``: the scripts' rule too)."""
+    return cache_root()
 
 
 def bin_dir() -> Path:
