@@ -214,6 +214,9 @@ def kubelet_config(layout: Layout, node: NodeSpec, ports: dict[str, int],
         "resolvConf": "/etc/resolv.conf",
         "clusterDomain": "cluster.local",
         "serializeImagePulls": False,
+        # the node status recomputed every second (posted when it changed), as in kind
+        # (kind-config/cluster.yaml): a fault shows in allocatable in ~1-2 s, not up to 10
+        "nodeStatusUpdateFrequency": "1s",
         "evictionHard": {
             "memory.available": f"{EVICTION_MEMORY_MIB}Mi",
             "nodefs.available": "1%",
