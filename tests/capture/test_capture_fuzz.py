@@ -48,10 +48,14 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from sandbox.capture import CaptureError, capture, write_capture
 from sandbox.profile import load_profile_text
 from tests.support.hostile_roots import HostileRoot, Watch, build, make_outside, one_line
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.cpu_bound  # scripts/test runs these beside the e2e envs
 
 ROOTS = int(os.environ.get("CAPTURE_FUZZ_ROOTS", "2000"))
 FIRST = int(os.environ.get("CAPTURE_FUZZ_FIRST_SEED", "0"))  # to try other seeds

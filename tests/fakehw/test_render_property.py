@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -34,6 +35,8 @@ from sandbox.fakehw.tree import CharDevice, Dir, Symlink, Tree
 from sandbox.profile import catalogue, load_profile_text
 from sandbox.profile.spec import NodeSpec
 from tests.support.fuzz_inputs import unlocated
+
+pytestmark = pytest.mark.cpu_bound  # scripts/test runs these beside the e2e envs
 
 ITEM5 = """apiVersion: hwsandbox.dev/v1alpha1
 kind: HardwareProfile

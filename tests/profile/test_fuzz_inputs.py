@@ -21,8 +21,12 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from tests.support.fuzz_inputs import check_profile, run_limited
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.cpu_bound  # scripts/test runs these beside the e2e envs
 
 PROFILES = int(os.environ.get("HWSANDBOX_FUZZ_PROFILES", "10000"))
 SCENARIOS = int(os.environ.get("HWSANDBOX_FUZZ_SCENARIOS", "2000"))

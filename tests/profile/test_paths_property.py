@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -33,6 +34,8 @@ from sandbox.fakehw.render import render
 from sandbox.fakehw.tree import Symlink, check_component
 from sandbox.profile import load_profile_text
 from sandbox.profile import model as m
+
+pytestmark = pytest.mark.cpu_bound  # scripts/test runs these beside the e2e envs
 
 EXAMPLES = int(os.environ.get("HWSANDBOX_PATH_EXAMPLES", "2000"))
 ROOT = "/target/root"

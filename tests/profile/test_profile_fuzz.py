@@ -34,6 +34,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -49,6 +50,8 @@ from tests.support.fuzz_inputs import (
     unlocated,
 )
 from tests.support.paths import REPO as ROOT
+
+pytestmark = pytest.mark.cpu_bound  # scripts/test runs these beside the e2e envs
 
 SEEDS = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "profiles").glob("*.yaml"))]
 
