@@ -57,6 +57,7 @@ class NativeCluster:
     kubeconfig: Path
     core: Any  # kubernetes.client.CoreV1Api
     up_seconds: float
+    up_returned: float = 0.0  # time.time() when `up` returned
 
     @property
     def layout(self) -> Layout:

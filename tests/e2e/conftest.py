@@ -95,6 +95,7 @@ class Sandboxes:
             runtime.down(state_dir, lambda _m: None)  # as `sandbox up` does on failure
             raise
         up_seconds = time.monotonic() - start
+        up_returned = time.time()
         self._api_client = config.new_client_from_config(
             config_file=str(state_dir / "kubeconfig"))
         self.current = NativeCluster(
@@ -105,6 +106,7 @@ class Sandboxes:
             kubeconfig=state_dir / "kubeconfig",
             core=client.CoreV1Api(self._api_client),
             up_seconds=up_seconds,
+            up_returned=up_returned,
         )
         # a user's `kubectl apply` of a pod right after `up` must not be refused
         assert default_service_account(self.current), "up returned before the default SA"

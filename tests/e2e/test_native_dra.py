@@ -29,6 +29,7 @@ import json
 import stat
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -213,13 +214,16 @@ def test_real_kubelet_registers_the_driver_and_its_slice_appears(cluster: Native
         text = kubelet_log.read_text(errors="replace")
         return [what for what, line in wanted.items() if line not in text]
 
+    # NotifyRegistrationStatus(plugin_registered=true) is what makes the driver log this,
+    # and `up` returned only after it (a claim's pod that reached the kubelet before would
+    # fail and wait out the kubelet's back-off: 90 s seen)
+    stamps = [datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+              for line in component_log(cluster, "dra-driver", 10_000).splitlines()
+              if line.endswith(" registered with the kubelet")]
+    assert stamps, _diagnose(cluster)()
+    assert stamps[0] <= cluster.up_returned, (stamps[0], cluster.up_returned)
     wait_until("the kubelet to register the DRA driver", lambda: not missing(), 60,
                describe=lambda: f"not in kubelet.log: {missing()}" + _diagnose(cluster)())
-    # NotifyRegistrationStatus(plugin_registered=true) is what makes the driver log this.
-    wait_until("NotifyRegistrationStatus(registered) from the kubelet",
-               lambda: "registered with the kubelet" in component_log(cluster, "dra-driver",
-                                                                      10_000),
-               30, describe=_diagnose(cluster))
     assert "kubelet rejected the registration" not in component_log(cluster, "dra-driver",
                                                                     10_000)
 

@@ -53,6 +53,9 @@ SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
 HEALTH_RESEND = 10.0  # seconds: a health report is repeated this often even without change
 HEALTH_TIMEOUT = 30  # seconds the kubelet may trust one report: 3 resends missed
 MAX_MESSAGE = 1024  # characters the kubelet keeps of a message
+# logged once the kubelet says it registered the driver: the native runtime's `up` waits
+# for this line (a claim's pod started before it fails and waits out a back-off)
+REGISTERED = "registered with the kubelet"
 
 _Add = Callable[[object, grpc.Server], None]
 _add_registration: _Add = pluginregistration_v1_pb2_grpc.add_RegistrationServicer_to_server
@@ -160,7 +163,7 @@ class _Registration:
     def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         self.status = (request.plugin_registered, request.error)
         if request.plugin_registered:
-            log.info("registered with the kubelet")
+            log.info(REGISTERED)
         else:
             log.error("kubelet rejected the registration: %s", request.error)
         return pluginregistration_v1_pb2.RegistrationStatusResponse()

@@ -218,6 +218,7 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress,
     ``--compatibility-groups``, ``--dra-skip-node-operations T`` ``--skip-node-operations T``).
     """
     from hwplugins.dra import DRIVER
+    from hwplugins.dra.kubeletplugin import REGISTERED
 
     from sandbox.draconfig import driver_config
 
@@ -230,6 +231,8 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress,
     config = layout.dra / "config.json"
     config.write_text(json.dumps(driver_config(node), indent=2) + "\n")
     progress("reference DRA driver")
+    log = layout.logs / "dra-driver.log"
+    start = log.stat().st_size if log.exists() else 0
     spawn(layout, "dra-driver", [
         sys.executable, "-m", "hwplugins.dra", "--root", str(layout.state / "node-root"),
         "--node-name", node.name, "--kubeconfig", str(layout.kubeconfig),
@@ -240,3 +243,18 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress,
     ])
     socket_path = registry / f"{DRIVER}-reg.sock"
     wait_for(layout, "dra-driver", f"serving {socket_path}", socket_path.exists, 60)
+    # The kubelet registers it on its plugin reconciler's next pass (every second); a pod
+    # with a claim that reaches the kubelet before that fails ("DRA driver ... is not
+    # registered") and is retried only after the kubelet's back-off: 90 s seen.
+    wait_for(layout, "dra-driver", "registered by the kubelet",
+             lambda: _logged_since(log, start, REGISTERED), 60)
+
+
+def _logged_since(log: Path, start: int, line: str) -> bool:
+    """Whether ``line`` was written to ``log`` past byte ``start``."""
+    try:
+        with log.open("rb") as f:
+            f.seek(start)
+            return line.encode() in f.read()
+    except FileNotFoundError:
+        return False
