@@ -137,14 +137,16 @@ def spawn(name: str, argv: Sequence[str], log: Path, *,
     return Proc(name, pid, started, log, offset)
 
 
-def find_line(proc: Proc, prefix: bytes = READY) -> bytes | None:
-    """The first whole line starting with ``prefix`` that ``proc`` wrote to its log after
-    ``proc.log_offset``, if any."""
+def find_line(proc: Proc, prefix: bytes = READY, anywhere: bool = False) -> bytes | None:
+    """The first whole line starting with ``prefix`` (``anywhere``: holding it, as after
+    a logger's time stamp) that ``proc`` wrote to its log after ``proc.log_offset``, if
+    any."""
     try:
         with proc.log.open("rb") as fh:
             fh.seek(proc.log_offset)
             for line in fh:
-                if line.startswith(prefix) and line.endswith(b"\n"):
+                found = prefix in line if anywhere else line.startswith(prefix)
+                if found and line.endswith(b"\n"):
                     return line.rstrip(b"\n")
     except OSError:
         return None

@@ -22,6 +22,7 @@ from sandbox.runtimes.native.common import (
     spawn,
     wait_for,
 )
+from sandbox.supervisor import find_line
 
 # Run in containerd's own mount namespace (slave: the kubelet's volume mounts still reach
 # it): /dev becomes a read-only overlay of the host's /dev over the node's device dir, so
@@ -231,9 +232,7 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress,
     config = layout.dra / "config.json"
     config.write_text(json.dumps(driver_config(node), indent=2) + "\n")
     progress("reference DRA driver")
-    log = layout.logs / "dra-driver.log"
-    start = log.stat().st_size if log.exists() else 0
-    spawn(layout, "dra-driver", [
+    proc = spawn(layout, "dra-driver", [
         sys.executable, "-m", "hwplugins.dra", "--root", str(layout.state / "node-root"),
         "--node-name", node.name, "--kubeconfig", str(layout.kubeconfig),
         "--config", str(config), "--plugins-dir", str(root / "plugins"),
@@ -247,14 +246,4 @@ def start_dra_driver(layout: Layout, node: NodeSpec, progress: Progress,
     # with a claim that reaches the kubelet before that fails ("DRA driver ... is not
     # registered") and is retried only after the kubelet's back-off: 90 s seen.
     wait_for(layout, "dra-driver", "registered by the kubelet",
-             lambda: _logged_since(log, start, REGISTERED), 60)
-
-
-def _logged_since(log: Path, start: int, line: str) -> bool:
-    """Whether ``line`` was written to ``log`` past byte ``start``."""
-    try:
-        with log.open("rb") as f:
-            f.seek(start)
-            return line.encode() in f.read()
-    except FileNotFoundError:
-        return False
+             lambda: find_line(proc, REGISTERED.encode(), anywhere=True) is not None, 60)
