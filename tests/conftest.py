@@ -11,7 +11,9 @@ tests/e2e and tests/kind_e2e is ``root`` and ``network``.
 kubelet's directories) before and after itself: under pytest-xdist (``pytest -n 2``) it
 waits until no other test is running, and no other test starts until it
 is done. The turns are ``flock``s on two directories of the checkout, so they hold across
-the workers' processes and leave nothing behind.
+the workers' processes and leave nothing behind. A ``cpu_bound`` test (pure CPU work inside
+its temp dir: scripts/test runs those in a pytest of their own beside the others) takes no
+turn: an ``alone`` test has nothing of it to wait for.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ def _host_turn(alone: bool) -> Iterator[None]:
 def pytest_runtest_protocol(item: pytest.Item,
                             nextitem: pytest.Item | None) -> Generator[None, object, object]:
     # the whole protocol: setup (module and session fixtures included), call, teardown
+    if item.get_closest_marker("cpu_bound") is not None:
+        return (yield)
     with _host_turn(item.get_closest_marker("alone") is not None):
         return (yield)
 
