@@ -17,6 +17,7 @@ Every sandbox here lives in a private state root (``HWSANDBOX_STATE_DIR``), and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -246,8 +247,10 @@ def down(sb: KindSandbox) -> None:
     assert leftovers(sb.name, sb.before) == []
 
 
-@pytest.fixture(scope="module")
-def sandbox_factory(kind_env: KindEnv) -> Iterator[Callable[..., KindSandbox]]:
+@contextlib.contextmanager
+def _taken_down(kind_env: KindEnv) -> Iterator[Callable[..., KindSandbox]]:
+    """``make(profile, name, *extra)`` brings sandboxes up; all of them are taken down (and
+    checked) at the end."""
     made: list[KindSandbox] = []
 
     def make(profile: str, name: str, *extra: str) -> KindSandbox:
@@ -268,3 +271,21 @@ def sandbox_factory(kind_env: KindEnv) -> Iterator[Callable[..., KindSandbox]]:
         except AssertionError as exc:
             problems.append(f"{sb.name}: {exc}")
     assert not problems, "\n".join(problems)
+
+
+@pytest.fixture(scope="module")
+def sandbox_factory(kind_env: KindEnv) -> Iterator[Callable[..., KindSandbox]]:
+    with _taken_down(kind_env) as make:
+        yield make
+
+
+DEMO_NAME = "hwsb-e2e-gpu"
+
+
+@pytest.fixture(scope="session")
+def demo_gpu(kind_env: KindEnv) -> Iterator[KindSandbox]:
+    """profiles/8gpu-2numa.yaml with our plugin, one cluster for test_author.py and then
+    test_kind.py (each leaves it as it found it; test_kind.py's last test takes it down),
+    instead of one each: a kind cluster's ``up`` and ``down`` are ~45 s of the run."""
+    with _taken_down(kind_env) as make:
+        yield make("8gpu-2numa.yaml", DEMO_NAME)
