@@ -18,9 +18,11 @@ Every sandbox here lives in a private state root (``HWSANDBOX_STATE_DIR``), and 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -289,3 +291,59 @@ def demo_gpu(kind_env: KindEnv) -> Iterator[KindSandbox]:
     instead of one each: a kind cluster's ``up`` and ``down`` are ~45 s of the run."""
     with _taken_down(kind_env) as make:
         yield make("8gpu-2numa.yaml", DEMO_NAME)
+
+
+def node_state(state_root: Path, name: str, kubeconfig: Path,
+               node: str = "gpu-worker") -> dict[str, Any]:
+    """What ``node`` of sandbox ``name`` (its state dir under ``state_root``) is: every
+    entry of its served tree (type, mode, a digest of what a read returns, a link's
+    target, a device's numbers) and the node object's hwsandbox.dev labels."""
+    root = state_root / name / "nodes" / node / "root"
+    tree: dict[str, str] = {}
+    for top in ("sys", "dev", "proc"):
+        for dirpath, dirnames, filenames in os.walk(root / top):
+            for entry in (*dirnames, *filenames):
+                path = Path(dirpath) / entry
+                st = path.lstat()
+                rel = str(path.relative_to(root))
+                if stat.S_ISLNK(st.st_mode):
+                    tree[rel] = f"link {os.readlink(path)}"
+                elif stat.S_ISREG(st.st_mode):
+                    try:
+                        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+                    except OSError as exc:
+                        digest = f"errno {exc.errno}"
+                    tree[rel] = f"file {oct(st.st_mode)} {digest}"
+                elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                    tree[rel] = f"dev {oct(st.st_mode)} {os.major(st.st_rdev)}:" \
+                                f"{os.minor(st.st_rdev)}"
+                else:
+                    tree[rel] = f"dir {oct(st.st_mode)}"
+    nodes = json.loads(subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "get",
+                                   "nodes", "-o", "json"], capture_output=True, text=True,
+                                  check=True).stdout)["items"]
+    labels = {k: v for n in nodes for k, v in n["metadata"]["labels"].items()
+              if k.startswith("hwsandbox.dev/")
+              and n["metadata"]["labels"].get("hwsandbox.dev/node") == node}
+    assert tree, f"nothing served at {root}"
+    assert labels, nodes
+    return {"tree": tree, "labels": labels}
+
+
+@dataclass
+class Pristine:
+    sandbox: KindSandbox
+    state: dict[str, Any]  # node_state() of its gpu-worker right after its `up`
+
+
+NO_PLUGIN_NAME = "hwsb-e2e-nvidia"
+
+
+@pytest.fixture(scope="session")
+def demo_no_plugin(kind_env: KindEnv) -> Iterator[Pristine]:
+    """profiles/8gpu-2numa.yaml with --no-device-plugin, one cluster for two modules: its
+    node's state right after `up` is test_workflow.py's reference (what a 3.11 `up` makes),
+    then test_plugins.py runs NVIDIA's plugin and DRA driver on it and takes it down."""
+    with _taken_down(kind_env) as make:
+        sb = make("8gpu-2numa.yaml", NO_PLUGIN_NAME, "--no-device-plugin")
+        yield Pristine(sb, node_state(STATE_ROOT, NO_PLUGIN_NAME, sb.kubeconfig))

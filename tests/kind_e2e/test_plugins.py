@@ -15,7 +15,7 @@ import yaml
 
 from sandbox.images.oci import PATH, write_archive
 from sandbox.images.tarfiles import layer_tar
-from tests.kind_e2e.conftest import REPO, KindSandbox
+from tests.kind_e2e.conftest import REPO, KindSandbox, Pristine, down
 from tests.support.thirdparty import plugin_binary
 
 INTEL_IMAGE = "intel/intel-gpu-plugin:0.36.0"
@@ -119,17 +119,16 @@ def _load_nvidia_image(sb: KindSandbox) -> None:
                        check=True, capture_output=True, env=sb.kenv.env, timeout=300)
 
 
-def test_nvidia_device_plugin_then_dra_driver_in_pods(
-        sandbox_factory: Callable[..., KindSandbox]) -> None:
+def test_nvidia_device_plugin_then_dra_driver_in_pods(demo_no_plugin: Pristine) -> None:
     """The bundled manifest, as a user applies it: NVIDIA's plugin in a pod on the node,
     our NVML mounted from the node, advertising the profile's 8 H100s; a fault reaches its
     own Xid health check. Then, in its place on the same node, NVIDIA's DRA driver
-    (``_nvidia_dra_driver``)."""
+    (``_nvidia_dra_driver``). The sandbox (``demo_no_plugin``) is taken down at the end."""
     from tests.support.nvidia import nvml_library
 
     # without our reference plugin (test_intel_gpu_plugin_advertises_i915 deletes its
     # DaemonSet instead): nothing advertises the GPUs until NVIDIA's plugin does
-    sb = sandbox_factory("8gpu-2numa.yaml", "hwsb-e2e-nvidia", "--no-device-plugin")
+    sb = demo_no_plugin.sandbox
     daemonsets = sb.kubectl("-n", "kube-system", "get", "daemonsets", "-o", "name").split()
     assert "daemonset.apps/hw-sandbox-device-plugin" not in daemonsets, daemonsets
     assert sb.resource("gpu-worker", NV_GPU) == (0, 0)
@@ -172,6 +171,7 @@ def test_nvidia_device_plugin_then_dra_driver_in_pods(
     sb.kubectl("-n", "kube-system", "delete", "daemonset", "nvidia-device-plugin",
                "gpu-feature-discovery", "--wait=true")
     _nvidia_dra_driver(sb, set(uuids))
+    down(sb)  # its tree is faulted now; test_workflow.py needs only its state from before
 
 
 def _minors(sb: KindSandbox) -> dict[str, int]:

@@ -23,11 +23,8 @@ a fault it reacts to, `kubelet check` passing with JUnit XML, teardown leaving n
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
 import shutil
-import stat
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -39,7 +36,7 @@ import pytest
 import yaml
 
 from sandbox.cache import cache_root
-from tests.kind_e2e.conftest import STATE_ROOT, KindEnv, KindSandbox, down, host_footprint
+from tests.kind_e2e.conftest import KindEnv, Pristine, down, host_footprint, node_state
 from tests.support.trixie import host_ca, need_root_tools, trixie_rootfs, unpack
 
 pytestmark = [pytest.mark.root, pytest.mark.network]
@@ -55,7 +52,6 @@ WORKSPACE = "/github/workspace"
 CLONE_URL = "https://github.com/OWNER/hw-sandbox"
 NAME = "8gpu-2numa"  # the workflow's `up` names it after the profile
 NODE = "gpu-worker"
-HOST_NAME = "hwsb-e2e-wf311"
 STEP_TIMEOUT = 1200
 
 
@@ -238,41 +234,6 @@ def _emulate_uses(step: dict[str, Any], runner: Runner, artifacts: list[str]) ->
         pytest.fail(f"the workflow uses {step['uses']}, which this test cannot emulate")
 
 
-def node_state(state_root: Path, name: str, kubeconfig: Path) -> dict[str, Any]:
-    """What a node of sandbox ``name`` is: every entry of its served tree (type, mode, a
-    digest of what a read returns, a link's target, a device's numbers) and the node
-    object's hwsandbox.dev labels."""
-    root = state_root / name / "nodes" / NODE / "root"
-    tree: dict[str, str] = {}
-    for top in ("sys", "dev", "proc"):
-        for dirpath, dirnames, filenames in os.walk(root / top):
-            for entry in (*dirnames, *filenames):
-                path = Path(dirpath) / entry
-                st = path.lstat()
-                rel = str(path.relative_to(root))
-                if stat.S_ISLNK(st.st_mode):
-                    tree[rel] = f"link {os.readlink(path)}"
-                elif stat.S_ISREG(st.st_mode):
-                    try:
-                        digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
-                    except OSError as exc:
-                        digest = f"errno {exc.errno}"
-                    tree[rel] = f"file {oct(st.st_mode)} {digest}"
-                elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                    tree[rel] = f"dev {oct(st.st_mode)} {os.major(st.st_rdev)}:" \
-                                f"{os.minor(st.st_rdev)}"
-                else:
-                    tree[rel] = f"dir {oct(st.st_mode)}"
-    nodes = json.loads(_run(["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes",
-                             "-o", "json"]).stdout)["items"]
-    labels = {k: v for n in nodes for k, v in n["metadata"]["labels"].items()
-              if k.startswith("hwsandbox.dev/")
-              and n["metadata"]["labels"].get("hwsandbox.dev/node") == NODE}
-    assert tree, f"nothing served at {root}"
-    assert labels, nodes
-    return {"tree": tree, "labels": labels}
-
-
 def _diff(a: dict[str, str], b: dict[str, str]) -> list[str]:
     return [f"{k}: {a.get(k)} != {b.get(k)}" for k in sorted(a.keys() | b.keys())
             if a.get(k) != b.get(k)]
@@ -285,15 +246,16 @@ def _wait(what: str, check: Callable[[], bool], timeout: float) -> None:
         time.sleep(1)
 
 
-def test_example_workflow_from_a_trixie_runner(
-        sandbox_factory: Callable[..., KindSandbox], kind_env: KindEnv,
-        tmp_path: Path) -> None:
+def test_example_workflow_from_a_trixie_runner(demo_no_plugin: Pristine, kind_env: KindEnv,
+                                               tmp_path: Path) -> None:
     """Issue 25's acceptance: the workflow's steps pass on a Python 3.13 runner, and its
     sandbox's node is the one a 3.11 `up` of the same profile makes."""
-    # the 3.11 reference: this machine's python, the same profile, no plugin of ours
-    host = sandbox_factory(f"{NAME}.yaml", HOST_NAME, "--no-device-plugin")
-    reference = node_state(STATE_ROOT, HOST_NAME, host.kubeconfig)
-    down(host)
+    # the 3.11 reference: this machine's python, the same profile, no plugin of ours (the
+    # node as it was right after that `up`; test_plugins.py has used it since, and taken
+    # it down)
+    reference = demo_no_plugin.state
+    if demo_no_plugin.sandbox.state_dir.exists():
+        down(demo_no_plugin.sandbox)
 
     workflow = yaml.safe_load(WORKFLOW.read_text())
     (job,) = workflow["jobs"].values()
