@@ -286,9 +286,10 @@ DEMO_NAME = "hwsb-e2e-gpu"
 
 @pytest.fixture(scope="session")
 def demo_gpu(kind_env: KindEnv) -> Iterator[KindSandbox]:
-    """profiles/8gpu-2numa.yaml with our plugin, one cluster for test_author.py and then
-    test_kind.py (each leaves it as it found it; test_kind.py's last test takes it down),
-    instead of one each: a kind cluster's ``up`` and ``down`` are ~45 s of the run."""
+    """profiles/8gpu-2numa.yaml with our plugin, one cluster for test_kind.py and then
+    test_kind_author.py (each leaves it as it found it; test_kind_author.py's last test
+    takes it down), instead of one each: a kind cluster's ``up`` and ``down`` are ~45 s
+    of the run."""
     with _taken_down(kind_env) as make:
         yield make("8gpu-2numa.yaml", DEMO_NAME)
 

@@ -1,8 +1,8 @@
 """Issue 25 on kind, where users are: a plugin author's own image, loaded without a
 registry and run from `sandbox plugins template`'s DaemonSet; and the exec transport that
 serves Docker Desktop and remote Docker hosts, forced here with the host's sockets hidden.
-On the 8gpu-2numa sandbox (our plugin advertising) it shares with test_kind.py
-(``demo_gpu``), left as found: no fault, no pod, 8 GPUs advertised."""
+On the 8gpu-2numa sandbox (our plugin advertising) test_kind.py used before (``demo_gpu``):
+its tests leave it as found (no fault, no pod, 8 GPUs advertised), the last takes it down."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kind_e2e.conftest import DEMO_NAME, REPO, KindSandbox
+from tests.kind_e2e.conftest import DEMO_NAME, REPO, KindSandbox, leftovers
 
 NAME = DEMO_NAME
 GPU = "nvidia.com/gpu"
@@ -217,3 +217,9 @@ def test_exec_transport_behaves_as_the_host_socket(gpu: KindSandbox) -> None:
     # every relay's private directory went with its command
     assert set(Path("/tmp").glob("hwsb-relay-*")) == relays
 
+
+def test_down_leaves_nothing(gpu: KindSandbox) -> None:
+    gpu.sandbox("down", "--name", NAME)
+    assert leftovers(NAME, gpu.before) == []
+    again = gpu.sandbox("down", "--name", NAME, check=False)  # a CI teardown step, twice
+    assert again.returncode == 0, again.stderr
