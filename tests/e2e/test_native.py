@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 import grpc
+import pytest
 from cluster import (
     NativeCluster,
     allocatable_devices,
@@ -288,13 +289,17 @@ def test_our_processes_listen_only_in_our_dirs(native_cluster: NativeCluster) ->
 # -- down ------------------------------------------------------------------------------------
 
 
+@pytest.mark.takes_cluster_down
 def test_down_leaves_nothing_behind(native_cluster: NativeCluster, sandboxes: Sandboxes) -> None:
     """With a pod running (containerd tasks, shims, kubelet volume mounts, a netns), `down`
     leaves no process, mount, device node, containerd socket or state dir of the cluster.
 
-    Runs last in this module: the next module brings up its own profile.
+    Runs after every other test on native_cluster (tests/e2e/conftest.py).
     """
     layout = native_cluster.layout
+    # the pods of the tests before (deleted with no grace period) gone from containerd
+    wait_until("no containerd task", lambda: not footprint(native_cluster).tasks, 60,
+               describe=lambda: str(footprint(native_cluster).tasks))
     start_pod(native_cluster, "sleeper", "sleep 3600", resources={"limits": {GPU: "1"}})
     before = footprint(native_cluster)
     assert before.tasks, "no containerd task is running: nothing to check"

@@ -179,6 +179,10 @@ def test_guaranteed_pod_gets_cpus_and_gpus_of_one_numa_node(
         native_cluster: NativeCluster) -> None:
     allocatable = allocatable_cpus()
     assert allocatable == list(range(1, 64))  # all but reservedSystemCPUs "0"
+    # the CPUs of an earlier test's pod on this cluster are back in the shared pool (the
+    # kubelet releases them after the pod is gone, on its next reconcile)
+    wait_until("no CPU held exclusively", lambda: not cpu_state(native_cluster).get("entries"),
+               60, describe=lambda: str(cpu_state(native_cluster)))
     free_before = parse_cpulist(cpu_state(native_cluster)["defaultCpuSet"])
     with running_pod(native_cluster, "pinned", "grep Cpus_allowed_list /proc/self/status; "
                      "sleep 3600", resources=GUARANTEED):
