@@ -216,15 +216,18 @@ class EarlyLoad(threading.Thread):
     pods start as the workers join, while kind still waits). ``finish`` waits for the
     load, loads again the ordinary way if the early load failed or never started, and
     stops waiting for the API server (``deploy`` records what it made; a failure of it is
-    kept in ``deploy_error``)."""
+    kept in ``deploy_error``). With ``skip_control_plane`` (the profile names no
+    control-plane node: kind's own runs no pod of ours) the image goes to the workers only,
+    sparing the control plane its unpack while kubeadm starts it there."""
 
     def __init__(self, cluster: str, client: Any, node_image: str, work: Path,
                  progress: Progress, deploy: Callable[[Any], None] | None = None,
-                 local: bool = False) -> None:
+                 local: bool = False, skip_control_plane: bool = False) -> None:
         super().__init__(name="hwsb-early-load", daemon=True)
         self.cluster, self.client, self.node_image = cluster, client, node_image
         self.work, self.progress, self.deploy = work, progress, deploy
         self.local = local  # the Docker daemon runs on this kernel (host transport)
+        self.skip_control_plane = skip_control_plane
         self.cancelled = threading.Event()
         self.created = threading.Event()  # `kind create` is over: deploy no more
         self.agent: agentimage.AgentImage | None = None
@@ -295,6 +298,13 @@ class EarlyLoad(threading.Thread):
             argv = ["kind", "load", "image-archive", str(self.agent.archive)]
         else:
             argv = ["kind", "load", "docker-image", self.agent.ref]
+        if self.skip_control_plane:
+            nodes = self.client.containers.list(
+                filters={"label": f"io.x-k8s.kind.cluster={self.cluster}"})
+            workers = sorted(n.name for n in nodes
+                             if n.labels.get("io.x-k8s.kind.role") != "control-plane")
+            if workers:
+                argv += ["--nodes", ",".join(workers)]
         try:
             run([*argv, "--name", self.cluster], timeout=KIND_TIMEOUT)
         except CommandError as exc:

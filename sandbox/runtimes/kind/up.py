@@ -178,7 +178,9 @@ class KindUp:
         env = {**os.environ, "KIND_EXPERIMENTAL_DOCKER_NETWORK": network_name(self.name)}
         with tempfile.TemporaryDirectory(prefix="hwsb-image-") as work:
             early = EarlyLoad(self.name, self.client, self.image, Path(work), self.progress,
-                              deploy=self._deploy, local=self.record.transport == "host")
+                              deploy=self._deploy, local=self.record.transport == "host",
+                              skip_control_plane=not any(n.role == "control-plane"
+                                                         for n in self.cluster.nodes))
             early.start()
             try:
                 # --retain: on a failure kind would delete its nodes itself, and a node's
