@@ -281,12 +281,17 @@ class EarlyLoad(threading.Thread):
                     return (root / path.lstrip("/")).exists()
         return bool(node.exec_run(["test", "-e", path]).exit_code == 0)
 
+    def _nodes(self) -> list[Any]:
+        """The cluster's node containers (running)."""
+        nodes: list[Any] = self.client.containers.list(
+            filters={"label": f"io.x-k8s.kind.cluster={self.cluster}"})
+        return nodes
+
     def _nodes_take_images(self) -> bool:
         """kubeadm init has begun on the control plane (kind's config action, which may
         restart containerd, is over) and every node's containerd listens: systemd in a
         node may start containerd only after that, and an import then finds no socket."""
-        nodes = self.client.containers.list(
-            filters={"label": f"io.x-k8s.kind.cluster={self.cluster}"})
+        nodes = self._nodes()
         control_plane = [n for n in nodes if n.name == f"{self.cluster}-control-plane"]
         return bool(control_plane) and self._in_node(
             control_plane[0], "/etc/kubernetes/manifests/kube-apiserver.yaml") and all(
@@ -299,9 +304,7 @@ class EarlyLoad(threading.Thread):
         else:
             argv = ["kind", "load", "docker-image", self.agent.ref]
         if self.skip_control_plane:
-            nodes = self.client.containers.list(
-                filters={"label": f"io.x-k8s.kind.cluster={self.cluster}"})
-            workers = sorted(n.name for n in nodes
+            workers = sorted(n.name for n in self._nodes()
                              if n.labels.get("io.x-k8s.kind.role") != "control-plane")
             if workers:
                 argv += ["--nodes", ",".join(workers)]
