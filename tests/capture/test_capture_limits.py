@@ -12,6 +12,8 @@ for 106 s before an unclear resolver error). Real files in ``tmp_path``; nothing
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,23 @@ def test_as_many_devices_as_a_profile_holds_are_captured(root: Path) -> None:
     devices = result.profile["nodes"][0]["devices"]
     assert sum(d.get("count", 1) for d in devices) == limits.MAX_DEVICES
     load_profile_text(result.text, "<capture>")
+
+
+def test_renames_elsewhere_on_the_machine_lose_no_function(root: Path, tmp_path: Path) -> None:
+    """Every PCI link is ``../../../devices/...``: a confined lookup of ``..`` fails with
+    EAGAIN when anything on the machine renames meanwhile. A process renaming a file in a
+    loop beside the capture (as other tests and builds do) must not lose functions."""
+    _functions(root, 300)
+    quiet = capture(root).profile["nodes"]
+    spot = tmp_path / "spot"
+    spot.write_text("")
+    renamer = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys\n"
+        "a, b = sys.argv[1], sys.argv[1] + '.moved'\n"
+        "while True:\n    os.rename(a, b)\n    os.rename(b, a)\n"), str(spot)])
+    try:
+        for _ in range(3):
+            assert capture(root).profile["nodes"] == quiet
+    finally:
+        renamer.kill()
+        renamer.wait()
