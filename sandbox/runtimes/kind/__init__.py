@@ -17,6 +17,9 @@ Steps of ``up``, each named in errors:
    propagation, so the tree and its control socket are reachable from the host, where
    ``sandbox fault`` talks to them.
 6. ``plugins``: our reference device plugin DaemonSet, until every node advertises.
+7. ``topology``: each profile node's kubelet restarted on its emulated CPUs, NUMA nodes
+   and memory once its tree is served (``topology.py``), until it is Ready with the
+   profile's CPU count and, with our plugin, advertises again.
 
 The node image is ``SANDBOX_KIND_IMAGE``, else the locally built
 ``hw-sandbox/kind-node`` image, else kind's own default (pulled by kind).
