@@ -15,6 +15,7 @@ import yaml
 from sandbox.errors import Problem, ProfileError
 from sandbox.profile import bundled
 from sandbox.profile.spec import Loc
+from sandbox.yamlnodes import compose_fast
 
 MAX_BYTES = 4 * 2**20
 STDIN_NAME = "<stdin>"  # how problems in a profile read from `-` are located
@@ -99,6 +100,24 @@ def parse(name: str, text: str) -> tuple[Any, Positions]:
         not line.strip() or line.lstrip().startswith("#") for line in text.splitlines()
     ):
         raise file_error(name, "empty file: expected a HardwareProfile document")
+    fast = compose_fast(text)
+    loader, root = fast if fast is not None else _compose(name, text)
+    if root is None:
+        raise file_error(name, "empty file: expected a HardwareProfile document")
+    positions = Positions({}, {})
+    problems: list[Problem] = []
+    try:
+        data = _construct(loader, root, (), positions, problems, name)
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
+        mark = getattr(exc, "problem_mark", None) or root.start_mark
+        raise file_error(name, f"invalid YAML: {exc}", mark.line + 1, mark.column + 1) from None
+    if problems:
+        raise ProfileError(problems)
+    return data, positions
+
+
+def _compose(name: str, text: str) -> tuple[_Loader, yaml.Node | None]:
+    """The pure-Python parser's node tree, or its error located (``yamlnodes``)."""
     try:
         loader = _Loader(text)
     except yaml.YAMLError as exc:  # the reader rejects control characters up front
@@ -117,18 +136,7 @@ def parse(name: str, text: str) -> tuple[Any, Positions]:
         raise file_error(name, f"invalid YAML: {exc}") from None
     finally:
         loader.dispose()
-    if root is None:
-        raise file_error(name, "empty file: expected a HardwareProfile document")
-    positions = Positions({}, {})
-    problems: list[Problem] = []
-    try:
-        data = _construct(loader, root, (), positions, problems, name)
-    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
-        mark = getattr(exc, "problem_mark", None) or root.start_mark
-        raise file_error(name, f"invalid YAML: {exc}", mark.line + 1, mark.column + 1) from None
-    if problems:
-        raise ProfileError(problems)
-    return data, positions
+    return loader, root
 
 
 def _construct(

@@ -305,10 +305,18 @@ def run_limited(fn: Callable[[], str | None], *, memory: int = DEFAULT_MEMORY,
 def _top_level(path: str, text: str) -> bool:
     """Whether ``path`` names the document itself or one of its top-level keys, and the
     document starts at line 1, column 1 (so 1:1 is where it is)."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except (yaml.YAMLError, RecursionError, ValueError):
-        return False
+    from sandbox.yamlnodes import compose_fast
+
+    # composed as the loaders compose it: libyaml first (it takes tabs inside plain
+    # scalars, as YAML allows and PyYAML's own scanner does not), else PyYAML's parser
+    fast = compose_fast(text)
+    if fast is not None:
+        root = fast[1]
+    else:
+        try:
+            root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except (yaml.YAMLError, RecursionError, ValueError):
+            return False
     if root is None or (root.start_mark.line, root.start_mark.column) != (0, 0):
         return False
     keys = {str(k.value) for k, _ in root.value} if isinstance(root, yaml.MappingNode) else set()

@@ -21,6 +21,7 @@ import yaml
 from sandbox.errors import ScenarioError
 from sandbox.fakehw.changes import FAULT_OPS as OPS
 from sandbox.fakehw.tree import Health, Reason
+from sandbox.yamlnodes import compose_fast
 
 ACTIONS = (*OPS, "storm")
 EXPECT_KEYS = ("health", "reason", "plugged", "num_vfs")
@@ -160,6 +161,29 @@ def _mark(mark: yaml.Mark | None) -> tuple[int, int]:
 def parse_scenario_text(text: str, *, source: str = "<scenario>") -> Scenario:
     """Parse and validate a scenario's YAML text; ScenarioError for any problem, each
     with the line and column it is about."""
+    fast = compose_fast(text)
+    loader, root = fast if fast is not None else _compose(text, source)
+    if root is None:
+        raise _whole(source, "empty file: expected a mapping with `steps`")
+    positions = _Positions()
+    problems: list[str] = []
+    try:
+        doc = _construct(loader, root, "", positions, problems, source)
+    except _TooMuch as exc:
+        raise _whole(source, f"not YAML: {exc.message}", *exc.where) from None
+    except yaml.MarkedYAMLError as exc:
+        line, col = _mark(exc.problem_mark or exc.context_mark)
+        raise _whole(source, f"not YAML: {exc.problem or exc}", line, col) from None
+    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
+        # e.g. an integer past Python's digit limit: its node was the last one recorded
+        raise _whole(source, f"not YAML: {exc}", *positions.last) from None
+    if problems:
+        raise ScenarioError(problems)
+    return parse_scenario(doc, source=source, positions=positions)
+
+
+def _compose(text: str, source: str) -> tuple[_Loader, yaml.Node | None]:
+    """The pure-Python parser's node tree, or its error located (``yamlnodes``)."""
     try:
         loader = _Loader(text)
     except yaml.reader.ReaderError as exc:  # control characters, rejected up front
@@ -180,23 +204,7 @@ def parse_scenario_text(text: str, *, source: str = "<scenario>") -> Scenario:
         raise _whole(source, f"not YAML: {exc}") from None
     finally:
         loader.dispose()
-    if root is None:
-        raise _whole(source, "empty file: expected a mapping with `steps`")
-    positions = _Positions()
-    problems: list[str] = []
-    try:
-        doc = _construct(loader, root, "", positions, problems, source)
-    except _TooMuch as exc:
-        raise _whole(source, f"not YAML: {exc.message}", *exc.where) from None
-    except yaml.MarkedYAMLError as exc:
-        line, col = _mark(exc.problem_mark or exc.context_mark)
-        raise _whole(source, f"not YAML: {exc.problem or exc}", line, col) from None
-    except (yaml.YAMLError, ValueError, TypeError, RecursionError) as exc:
-        # e.g. an integer past Python's digit limit: its node was the last one recorded
-        raise _whole(source, f"not YAML: {exc}", *positions.last) from None
-    if problems:
-        raise ScenarioError(problems)
-    return parse_scenario(doc, source=source, positions=positions)
+    return loader, root
 
 
 class _TooMuch(Exception):
