@@ -78,6 +78,8 @@ def test_dra_drivers_allocate_mig_devices(
     pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "mig-pod"},
         "spec": {
+            # `sleep` as PID 1 ignores SIGTERM: the default 30 s grace is the delete's wait
+            "terminationGracePeriodSeconds": 1,
             "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "mig-1g-10gb"}],
             "containers": [{
                 "name": "c", "image": "hw-sandbox:latest", "imagePullPolicy": "Never",
