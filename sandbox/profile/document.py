@@ -140,7 +140,7 @@ def _compose(name: str, text: str) -> tuple[_Loader, yaml.Node | None]:
 
 
 def _construct(
-    loader: _Loader, node: yaml.Node, loc: Loc, pos: Positions,
+    loader: yaml.constructor.SafeConstructor, node: yaml.Node, loc: Loc, pos: Positions,
     problems: list[Problem], name: str, depth: int = 0,
 ) -> Any:
     if depth > 64:

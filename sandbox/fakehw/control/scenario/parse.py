@@ -213,8 +213,8 @@ class _TooMuch(Exception):
         self.where = where
 
 
-def _construct(loader: _Loader, node: yaml.Node, where: str, pos: _Positions,
-               problems: list[str], source: str, depth: int = 0) -> Any:
+def _construct(loader: yaml.constructor.SafeConstructor, node: yaml.Node, where: str,
+               pos: _Positions, problems: list[str], source: str, depth: int = 0) -> Any:
     """The document below ``node``, recording where each value and key starts."""
     start = _mark(node.start_mark)
     if depth > MAX_DEPTH:
