@@ -138,6 +138,16 @@ class NvmlBuildError(SandboxError):
     """Our libnvidia-ml.so.1 (sandbox.nvml) cannot be built; the message says how to fix it."""
 
 
+def _gist(output: str) -> list[str]:
+    """What a failed command's output says about its failure: its last three lines that
+    start with "error" (any case; a Go program such as kind or kubeadm ends with a stack
+    trace, its error lines above it), else its last five lines; each cut at 300
+    characters."""
+    lines = output.strip().splitlines()
+    said = [line.strip() for line in lines if line.strip().lower().startswith("error")]
+    return [line[:300] for line in (said[-3:] if said else lines[-5:])]
+
+
 class CommandError(SandboxError):
     """An external command failed: it exited non-zero (``returncode``), or it could not be
     started or did not finish in time (``returncode`` None, ``problem`` says which).
@@ -155,6 +165,5 @@ class CommandError(SandboxError):
         if returncode is None:
             super().__init__(f"{where}{problem}")
             return
-        tail = output.strip().splitlines()[-5:]
-        detail = ("\n  " + "\n  ".join(tail)) if tail else ""
+        detail = "".join(f"\n  {line}" for line in _gist(output))
         super().__init__(f"{where}command {' '.join(self.argv)!r} exited {returncode}{detail}")
