@@ -9,21 +9,15 @@ Docker: the daemon ``DOCKER_HOST`` names (``scripts/test`` starts one with
 ``scripts/test-dockerd``), else the default socket. Run alone::
 
     scripts/build-k8s && scripts/build-containerd && eval "$(scripts/test-dockerd start)" &&
-    sysctl -w fs.inotify.max_user_instances=1024 && tox -e kind-e2e
+    tox -e kind-e2e
 
 Every sandbox here lives in a private state root (``HWSANDBOX_STATE_DIR``), and every
 ``down`` is checked: no container, network, mount or state may remain.
-
-Two pytest-xdist workers run side by side (tox.ini), each its own share of the modules
-(``SHARES``): a run mostly waits on kind clusters, and with two at a time all of it took
-9.2 min on a 2-core machine, against ~13 in one process. Both use one Docker daemon and
-one host, so what one worker's sandbox leaves is told from what the other worker has up
-at that moment (``new_since``)."""
+"""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -32,7 +26,6 @@ import stat
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,39 +41,6 @@ from tests.support.gotools import cache_root, go_install  # noqa: E402
 
 KIND_VERSION = "v0.32.0"
 STATE_ROOT = Path("/run/hwsb-kind-e2e")
-# one file per test that mounts outside its sandbox's state dir (the workflow's runner
-# root), naming its sandbox and listing the paths below which the mounts are its own
-CLAIMS = Path("/run/hwsb-kind-e2e-claims")
-# the run's first worker takes down what an earlier run left; the others find its run id
-# here (the file is also the lock they take turns on for that and the image builds)
-RUN_LOCK = Path("/run/hwsb-kind-e2e.lock")
-INOTIFY_INSTANCES = 512  # the least fs.inotify.max_user_instances a run asks for
-
-# The two pytest-xdist workers' shares, each run in collection order by one worker
-# (``pytest_xdist_make_scheduler``). Kept together: the modules that share a session
-# cluster, in the order they need (test_kind.py then test_kind_author.py on demo_gpu;
-# test_plugins.py then test_workflow.py after demo_no_plugin). Balanced by their times
-# measured with both shares running (9.2 min for all): "a" ~500 s (failures 141, kind
-# 130, kind_author 61, multinode 106, sriov 61), "b" ~485 s (plugins 274, topology 72,
-# workflow 139). A module not named here is a share of its own, run by whichever worker
-# is free.
-SHARES = {"test_failures.py": "a", "test_kind.py": "a", "test_kind_author.py": "a",
-          "test_multinode.py": "a", "test_sriov.py": "a", "test_plugins.py": "b",
-          "test_topology.py": "b", "test_workflow.py": "b"}
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """pytest-xdist's scope scheduling with ``SHARES`` as the scopes (its own
-    ``--dist loadgroup`` marks do not reach the scheduler under pytest 9.2: they are
-    written to ``Item._nodeid``, which pytest 9 no longer reads)."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class Shares(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
-            return SHARES.get(module, module)
-
-    return Shares(config, log)
 
 
 def docker_ok() -> bool:
@@ -106,7 +66,7 @@ class KindEnv:
 
 
 @pytest.fixture(scope="session")
-def kind_env(request: pytest.FixtureRequest) -> KindEnv:
+def kind_env() -> KindEnv:
     if os.geteuid() != 0:
         pytest.fail("the kind tests run as root (they start containers and mount FUSE)")
     if shutil.which("docker") is None or not docker_ok():
@@ -115,63 +75,35 @@ def kind_env(request: pytest.FixtureRequest) -> KindEnv:
     bin_dir = cache_root() / "k8s" / "v1.37.2" / "bin"
     if not (bin_dir / "kubeadm").is_file() or not (bin_dir / "kubectl").is_file():
         pytest.fail(f"no kubeadm/kubectl in {bin_dir}: run scripts/build-k8s")
-    # two workers' clusters side by side hold ~170 inotify instances (counted); past the
-    # limit a kubelet cannot watch its static pods and kubeadm times out, saying nothing
-    instances = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
-    if instances < INOTIFY_INSTANCES:
-        pytest.fail(f"fs.inotify.max_user_instances is {instances}: two kind clusters at once "
-                    f"need more (`sysctl -w fs.inotify.max_user_instances=1024`; scripts/test "
-                    f"raises it for its run)")
     kind = go_install("sigs.k8s.io/kind", KIND_VERSION, "kind")
     from sandbox.errors import SandboxError
     from sandbox.images.agent import build_agent_base
     from sandbox.images.node import build_node_image
 
-    with _run_lock():  # the other worker waits and then finds the images current
-        try:
-            image = build_node_image(print)
-            build_agent_base(print)
-            # idempotent: a second build finds the image current (keyed by versions)
-            said: list[str] = []
-            assert build_node_image(said.append) == image
-            assert f"node image {image} is current" in said, said
-        except SandboxError as exc:
-            pytest.fail(f"building the kind images failed: {exc}")
+    try:
+        image = build_node_image(print)
+        build_agent_base(print)
+        # idempotent: a second build finds the image current (keyed by versions)
+        said: list[str] = []
+        assert build_node_image(said.append) == image
+        assert f"node image {image} is current" in said, said
+    except SandboxError as exc:
+        pytest.fail(f"building the kind images failed: {exc}")
     env = dict(os.environ, PATH=f"{kind.parent}:{bin_dir}:{os.environ['PATH']}",
                HWSANDBOX_STATE_DIR=str(STATE_ROOT))
     env.pop("SANDBOX_KIND_IMAGE", None)
     os.environ.update(PATH=env["PATH"], HWSANDBOX_STATE_DIR=str(STATE_ROOT))
     kenv = KindEnv(env, image, bin_dir)
-    # one id for all workers of a run (pytest-xdist's), a fresh one for a run without
-    run = getattr(request.config, "workerinput", {}).get("testrunuid") or uuid.uuid4().hex
-    with _run_lock() as lock:
-        if lock.read().strip() != run:  # the run's first worker here
-            _take_down_stale(kenv)
-            lock.seek(0)
-            lock.truncate()
-            lock.write(run)
-            lock.flush()
-    return kenv
-
-
-@contextlib.contextmanager
-def _run_lock() -> Iterator[Any]:
-    with open(os.open(RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o600), "r+") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield lock
-
-
-def _take_down_stale(kenv: KindEnv) -> None:
-    """An earlier run that was killed (or failed in a teardown) can have left sandboxes in
-    this private state root: take them down as a user would, so that this run starts from
-    nothing (up() still asserts that nothing of its name is left)."""
+    # An earlier run that was killed (or failed in a teardown) can have left sandboxes in
+    # this private state root: take them down as a user would, so that this run starts
+    # from nothing (up() still asserts that nothing of its name is left).
     for stale in sorted(STATE_ROOT.iterdir()) if STATE_ROOT.is_dir() else []:
         print(f"taking down sandbox {stale.name}, left by an earlier run")
         proc = kenv.sandbox("down", "--name", stale.name, check=False)
         if proc.returncode != 0:
             pytest.fail(f"sandbox {stale.name} is left from an earlier run and `sandbox down "
                         f"--name {stale.name}` failed:\n{proc.stderr}")
-    shutil.rmtree(CLAIMS, ignore_errors=True)
+    return kenv
 
 
 @dataclass
@@ -275,77 +207,13 @@ def _beside(mount: str) -> bool:
     return any(mount.startswith(p) for p in prefixes)
 
 
-def new_since(before: frozenset[str], name: str, settle: float = 10) -> list[str]:
-    """What ``host_footprint()`` has now that it did not have at ``before``, less what
-    belongs to another sandbox (``_theirs``): the other worker's sandboxes come and go
-    meanwhile. A mount or volume of the other's that went in the instant between the two
-    looks is seen again ``settle`` seconds long; anything of ``name`` that stays is
-    returned."""
-    deadline = time.monotonic() + settle
-    while True:
-        now = host_footprint()
-        mounts, volumes = _theirs(name)
-        found = sorted(e for e in now - before
-                       if not (e.startswith("mount ") and _below(e[6:], mounts)
-                               or e.startswith("volume ") and e[7:] in volumes))
-        if not found or time.monotonic() > deadline:
-            return found
-        time.sleep(1)
-
-
-def _below(path: str, prefixes: set[str]) -> bool:
-    return any(path == p or path.startswith(p + "/") for p in prefixes)
-
-
-def _theirs(name: str) -> tuple[set[str], set[str]]:
-    """(mount prefixes, volume names) of everything up now that is not sandbox ``name``'s:
-    other sandboxes' state dirs, the claims of other tests (``claim``), and the host
-    mounts of every container but ``name``'s cluster (its root, its volumes, its network
-    namespace, its /dev/shm): a build container or another kind cluster."""
-    mounts = {str(d) for d in STATE_ROOT.iterdir() if d.name != name} \
-        if STATE_ROOT.is_dir() else set()
-    for f in CLAIMS.iterdir() if CLAIMS.is_dir() else []:
-        if f.name != name:
-            mounts.update(line for line in f.read_text().splitlines() if line)
-    volumes: set[str] = set()
-    ids = subprocess.run(["docker", "ps", "-aq"], capture_output=True, text=True,
-                         check=False).stdout.split()
-    inspected = subprocess.run(["docker", "inspect", *ids], capture_output=True, text=True,
-                               check=False).stdout if ids else "[]"
-    for c in json.loads(inspected or "[]"):  # one gone meanwhile: inspect says so on stderr
-        if (c["Config"].get("Labels") or {}).get("io.x-k8s.kind.cluster") == name:
-            continue
-        data = (c.get("GraphDriver") or {}).get("Data") or {}
-        mounts.update(v for k, v in data.items() if k == "MergedDir")
-        mounts.add(str(Path(c.get("ResolvConfPath") or "/nonexistent").parent))
-        if (c.get("NetworkSettings") or {}).get("SandboxKey"):
-            mounts.add(c["NetworkSettings"]["SandboxKey"])
-        for m in c.get("Mounts") or []:
-            if m.get("Type") == "volume":
-                volumes.add(m["Name"])
-                mounts.add(m["Source"])
-    return mounts, volumes
-
-
-@contextlib.contextmanager
-def claim(name: str, *prefixes: Path) -> Iterator[None]:
-    """Mounts below ``prefixes`` are sandbox ``name``'s while this lasts (the other
-    worker's ``new_since`` looks here)."""
-    CLAIMS.mkdir(mode=0o700, exist_ok=True)
-    (CLAIMS / name).write_text("".join(f"{p}\n" for p in prefixes))
-    try:
-        yield
-    finally:
-        (CLAIMS / name).unlink()
-
-
 def leftovers(name: str, before: frozenset[str] | None = None) -> list[str]:
     """Anything of sandbox ``name`` still here: containers, networks, mounts, state; with
     ``before`` (``host_footprint()`` taken before its ``up``), also any mount or Docker
-    volume that was not there then (``new_since``)."""
+    volume that was not there then."""
     found: list[str] = []
     if before is not None:
-        found += new_since(before, name)
+        found += sorted(host_footprint() - before)
     ps = subprocess.run(["docker", "ps", "-a", "--filter", f"label=io.x-k8s.kind.cluster={name}",
                          "--format", "{{.Names}}"], capture_output=True, text=True, check=False)
     found += [f"container {c}" for c in ps.stdout.split()]

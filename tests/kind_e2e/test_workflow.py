@@ -36,15 +36,7 @@ import pytest
 import yaml
 
 from sandbox.cache import cache_root
-from tests.kind_e2e.conftest import (
-    KindEnv,
-    Pristine,
-    claim,
-    down,
-    host_footprint,
-    new_since,
-    node_state,
-)
+from tests.kind_e2e.conftest import KindEnv, Pristine, down, host_footprint, node_state
 from tests.support.trixie import host_ca, need_root_tools, trixie_rootfs, unpack
 
 pytestmark = [pytest.mark.root, pytest.mark.network]
@@ -100,10 +92,11 @@ class Runner:
 
     def close(self) -> list[str]:
         problems = []
-        # Slaves first: an unmount in a shared peer group reaches every peer, and what the
-        # binds of shared trees hold now are copies of mounts made elsewhere (the kind nodes
-        # of the other pytest-xdist worker under Docker's data root, their network
-        # namespaces): unmounting the copies must leave the originals alone.
+        # Slaves first: an unmount in a shared peer group reaches every peer, and the binds
+        # of shared trees (Docker's data root, its exec root) hold copies of what other
+        # containers of that daemon mount there: unmounting the copies must leave the
+        # originals alone (shown with a scratch peer group: `umount -R -l` of a copy took
+        # the original with it; after `--make-rslave` it did not).
         for mount in self.mounts:
             subprocess.run(["mount", "--make-rslave", str(mount)], capture_output=True,
                            check=False)
@@ -278,10 +271,7 @@ def test_example_workflow_from_a_trixie_runner(demo_no_plugin: Pristine, kind_en
     log: list[str] = []
     outputs: dict[str, str] = {}
     artifacts: list[str] = []
-    # the runner's mounts (its root, the shared state root) are its sandbox's for the
-    # other worker's checks
-    with claim(NAME, tmp_path / "runner", STATE), shared_state_root(), \
-            runner_root(tmp_path, kind_env) as runner:
+    with shared_state_root(), runner_root(tmp_path, kind_env) as runner:
         env = _step_env(runner, workflow, job, kind_env)
         failed: str | None = None
         state: dict[str, Any] | None = None
@@ -349,5 +339,5 @@ def test_example_workflow_from_a_trixie_runner(demo_no_plugin: Pristine, kind_en
     ps = _run(["docker", "ps", "-a", "--filter", f"label=io.x-k8s.kind.cluster={NAME}",
                "--format", "{{.Names}}"], env=kind_env.env).stdout.split()
     assert ps == []
-    assert new_since(before, NAME) == []
+    assert sorted(host_footprint() - before) == []
     assert not STATE.exists()
