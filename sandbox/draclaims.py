@@ -107,20 +107,17 @@ def usage(slices: Sequence[Mapping[str, Any]], claims: Sequence[Mapping[str, Any
 
 
 def read_usage(kubeconfig: str) -> Usage:
-    """``usage`` of the cluster ``kubeconfig`` names (the official client)."""
-    from kubernetes import client, config
+    """``usage`` of the cluster ``kubeconfig`` names."""
+    from sandbox.kubeapi import Kube
 
-    api = config.new_client_from_config(config_file=kubeconfig)
     try:
-        objects = client.CustomObjectsApi(api)
-        slices = objects.list_cluster_custom_object("resource.k8s.io", "v1", "resourceslices")
-        claims = objects.list_cluster_custom_object("resource.k8s.io", "v1", "resourceclaims")
-    except Exception as exc:  # noqa: BLE001 - ApiException, connection errors, ...
+        with Kube.from_kubeconfig(kubeconfig) as api:
+            slices = api.items("/apis/resource.k8s.io/v1/resourceslices")
+            claims = api.items("/apis/resource.k8s.io/v1/resourceclaims")
+    except Exception as exc:  # noqa: BLE001 - ApiError, connection errors, ...
         raise SandboxError(f"cannot read ResourceSlices and ResourceClaims: "
                            f"{str(exc).strip().splitlines()[0]}") from exc
-    finally:
-        api.close()
-    return usage(slices.get("items", []), claims.get("items", []))
+    return usage(slices, claims)
 
 
 def quantity(value: Decimal) -> str:

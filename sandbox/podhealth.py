@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from sandbox.errors import SandboxError
+from sandbox.kubeapi import ApiError, Kube
 from sandbox.profile.spec import Cluster, DeviceSpec, NodeSpec
 from sandbox.runtimes.kind.config import NODE_LABEL
 
@@ -160,30 +160,22 @@ def pod_health(pods: Iterable[Mapping[str, Any]], spec: NodeSpec | None = None,
 
 
 @contextlib.contextmanager
-def _core(kubeconfig: str, what: str) -> Iterator[Any]:
-    """A CoreV1Api of the cluster ``kubeconfig`` names; any failure inside becomes a
+def _core(kubeconfig: str, what: str) -> Iterator[Kube]:
+    """A client of the cluster ``kubeconfig`` names; any failure inside becomes a
     one-line SandboxError ``cannot read <what>: ...``."""
-    from kubernetes import client, config
-
     try:
-        api = config.new_client_from_config(config_file=kubeconfig)
+        api = Kube.from_kubeconfig(kubeconfig)
     except Exception as exc:  # noqa: BLE001 - a bad or missing kubeconfig
         raise SandboxError(f"cannot read {what}: kubeconfig {kubeconfig}: "
                            f"{_first_line(exc)}") from exc
     try:
-        yield client.CoreV1Api(api)
+        yield api
     except SandboxError:
         raise
-    except Exception as exc:  # noqa: BLE001 - ApiException, connection errors, bad JSON
+    except Exception as exc:  # noqa: BLE001 - ApiError, connection errors, bad JSON
         raise SandboxError(f"cannot read {what}: {_first_line(exc)}") from exc
     finally:
         api.close()
-
-
-def _items(reply: Any) -> list[dict[str, Any]]:
-    data = json.loads(reply.data)
-    items = data.get("items") if isinstance(data, dict) else None
-    return [p for p in items or [] if isinstance(p, dict)]
 
 
 def read_pods(kubeconfig: str, node: str | None = None) -> list[dict[str, Any]]:
@@ -191,8 +183,7 @@ def read_pods(kubeconfig: str, node: str | None = None) -> list[dict[str, Any]]:
     one line when the API server cannot be asked."""
     with _core(kubeconfig, "pods") as core:
         selector = f"spec.nodeName={node}" if node is not None else ""
-        return _items(core.list_pod_for_all_namespaces(
-            field_selector=selector, _preload_content=False, _request_timeout=15))
+        return core.items("/api/v1/pods", fieldSelector=selector or None)
 
 
 def read_pod_health(kubeconfig: str, node: str | None = None,
@@ -203,10 +194,10 @@ def read_pod_health(kubeconfig: str, node: str | None = None,
     return pod_health(read_pods(kubeconfig, node), spec, node)
 
 
-def _sandbox_names(core: Any) -> dict[str, str]:
+def _sandbox_names(core: Kube) -> dict[str, str]:
     """Kubernetes node name -> the sandbox's node name (kind labels its nodes
     ``hwsandbox.dev/node``; native names them as the sandbox does)."""
-    nodes = _items(core.list_node(_preload_content=False, _request_timeout=15))
+    nodes = core.items("/api/v1/nodes")
     out = {}
     for n in nodes:
         meta = n.get("metadata") or {}
@@ -222,8 +213,7 @@ def read_sandbox_pod_health(kubeconfig: str, cluster: Cluster | None = None
     Two API calls in all: the nodes and the pods."""
     with _core(kubeconfig, "pods") as core:
         names = _sandbox_names(core)
-        pods = _items(core.list_pod_for_all_namespaces(_preload_content=False,
-                                                       _request_timeout=15))
+        pods = core.items("/api/v1/pods")
     out: dict[str, list[PodDeviceHealth]] = {}
     for pod in pods:
         bound = str((pod.get("spec") or {}).get("nodeName") or "")
@@ -254,17 +244,13 @@ class PodHealthLookup:
 
     def entries(self, namespace: str, pod: str) -> list[PodDeviceHealth]:
         """Every device health entry of the pod (none: no such pod)."""
-        from kubernetes.client.exceptions import ApiException
-
         with _core(self.kubeconfig, f"pod {namespace}/{pod}") as core:
             try:
-                reply = core.read_namespaced_pod(pod, namespace, _preload_content=False,
-                                                 _request_timeout=15)
-            except ApiException as exc:
+                obj = core.get(f"/api/v1/namespaces/{namespace}/pods/{pod}")
+            except ApiError as exc:
                 if exc.status == 404:
                     return []
                 raise
-            obj = json.loads(reply.data)
             bound = str((obj.get("spec") or {}).get("nodeName") or "")
             spec = None
             if self.cluster is not None and bound:

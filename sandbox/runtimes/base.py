@@ -184,11 +184,6 @@ def add_devices(node: NodeStatus, socket: Path) -> bool:
     return True
 
 
-def is_ready(node: Any) -> bool:
-    """A Node object of the ``kubernetes`` client says Ready."""
-    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-
-
 def add_pod_resources(node: NodeStatus, socket: Path | None) -> None:
     """Fill ``node.allocations`` and ``node.allocatable`` from the kubelet's pod-resources
     API at ``socket`` (``Runtime.pod_resources_socket``; None: nothing to ask); where it

@@ -36,6 +36,7 @@ from pathlib import Path
 from sandbox.commands import run
 from sandbox.errors import ControlError, RuntimeBackendError, SandboxError
 from sandbox.images.node import NODE_IMAGE
+from sandbox.kubeapi import is_ready, labels, name
 from sandbox.profile.spec import Cluster
 from sandbox.progress import Progress
 from sandbox.runtimes.base import (
@@ -44,7 +45,6 @@ from sandbox.runtimes.base import (
     SandboxStatus,
     add_devices,
     add_pod_resources,
-    is_ready,
     refuse_options,
 )
 from sandbox.runtimes.kind.api import AGENT_NAMESPACE, KIND_TIMEOUT, api_client, docker_client, ours
@@ -116,17 +116,18 @@ class KindRuntime:
         if not kubeconfig:
             return out
         try:
-            items = api_client(Path(kubeconfig)).list_node().items
+            with api_client(Path(kubeconfig)) as api:
+                items = api.items("/api/v1/nodes")
         except Exception as exc:  # noqa: BLE001 - the API server is gone or unreachable
             raise RuntimeBackendError("status", f"the cluster's API server does not answer "
                                       f"({type(exc).__name__}); is the kind cluster "
                                       "running? `docker ps`") from exc
         replicas = record.nodes
-        for item in sorted(items, key=lambda i: i.metadata.name):
-            labels = item.metadata.labels or {}
-            replica = labels.get(NODE_LABEL)
-            node = NodeStatus(replica or item.metadata.name, ready=is_ready(item))
-            cap, alloc = item.status.capacity or {}, item.status.allocatable or {}
+        for item in sorted(items, key=name):
+            replica = labels(item).get(NODE_LABEL)
+            node = NodeStatus(replica or name(item), ready=is_ready(item))
+            cap = item["status"].get("capacity") or {}
+            alloc = item["status"].get("allocatable") or {}
             for res, value in sorted(cap.items()):
                 if ours(res):
                     node.resources.append(ResourceStatus(res, int(value),
@@ -202,10 +203,11 @@ class KindRuntime:
         kubeconfig = record.kubeconfig
         if not kubeconfig:
             raise SandboxError(f"sandbox {state_dir.name!r} has no kubeconfig")
-        items = api_client(Path(kubeconfig)).list_node(label_selector=f"{NODE_LABEL}={node}").items
+        with api_client(Path(kubeconfig)) as api:
+            items = api.items("/api/v1/nodes", labelSelector=f"{NODE_LABEL}={node}")
         if not items:
             raise SandboxError(f"no kind node carries {NODE_LABEL}={node}")
-        return str(items[0].metadata.name)
+        return name(items[0])
 
 
 

@@ -1,4 +1,4 @@
-"""What the kind runtime creates in, and reads from, a kind cluster (the official client),
+"""What the kind runtime creates in, and reads from, a kind cluster (``sandbox.kubeapi``),
 and the sandbox image's early load into the nodes (``EarlyLoad``).
 
 ``agent_manifests``: the namespace, the profile ConfigMap and one privileged agent
@@ -20,6 +20,7 @@ from sandbox.commands import run
 from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
 from sandbox.images import agent as agentimage
 from sandbox.images.agent import IMAGE, PRELOADED_LABEL
+from sandbox.kubeapi import Kube, name
 from sandbox.profile.spec import Cluster
 from sandbox.progress import Progress
 from sandbox.runtimes.kind.config import NODE_LABEL
@@ -110,11 +111,9 @@ def agent_manifests(cluster: Cluster) -> list[dict[str, Any]]:
 def scale_coredns_to_zero(api: Any) -> None:
     """The minimal node image has no CoreDNS image: scale kubeadm's CoreDNS to zero rather
     than leave two pods in ImagePullBackOff (there is no cluster DNS either way)."""
-    from kubernetes import client
-
     with contextlib.suppress(Exception):  # no such Deployment: nothing to do
-        client.AppsV1Api(api.api_client).patch_namespaced_deployment_scale(
-            "coredns", "kube-system", {"spec": {"replicas": 0}})
+        api.patch("/apis/apps/v1/namespaces/kube-system/deployments/coredns/scale",
+                  {"spec": {"replicas": 0}})
 
 
 def ours(resource: str) -> bool:
@@ -122,18 +121,14 @@ def ours(resource: str) -> bool:
     return "/" in resource and not resource.startswith(("hugepages-", "kubernetes.io/"))
 
 
-def api_client(kubeconfig: Path) -> Any:
-    from kubernetes import client, config
-
-    return client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+def api_client(kubeconfig: Path) -> Kube:
+    return Kube.from_kubeconfig(kubeconfig)
 
 
-def create(api: Any, docs: list[dict[str, Any]], step: str) -> None:
-    from kubernetes import utils
-
+def create(api: Kube, docs: list[dict[str, Any]], step: str) -> None:
     try:
-        utils.create_from_yaml(api.api_client, yaml_objects=[d for d in docs if d])
-    except Exception as exc:  # noqa: BLE001 - FailToCreateError, ApiException, ...
+        api.create([d for d in docs if d])
+    except Exception as exc:  # noqa: BLE001 - ApiError, connection errors, ...
         raise RuntimeBackendError(step, f"creating the {step} objects failed: "
                                   f"{str(exc).strip().splitlines()[0]}") from exc
 
@@ -142,23 +137,24 @@ BROKEN = {"ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull", "CrashLoopBac
            "CreateContainerConfigError", "CreateContainerError", "RunContainerError"}
 
 
-def fail_on_broken_pods(api: Any, namespace: str, selector: str, step: str) -> None:
+def fail_on_broken_pods(api: Kube, namespace: str, selector: str, step: str) -> None:
     """Fail the step at once when one of its pods cannot start (no point waiting)."""
-    for pod in api.list_namespaced_pod(namespace, label_selector=selector).items:
-        for cs in pod.status.container_statuses or []:
-            waiting = cs.state.waiting if cs.state else None
-            if waiting is not None and waiting.reason in BROKEN:
-                detail = (waiting.message or "").strip().splitlines()
+    for pod in api.items(f"/api/v1/namespaces/{namespace}/pods", labelSelector=selector):
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting")
+            if waiting is not None and waiting.get("reason") in BROKEN:
+                reason = waiting["reason"]
+                detail = str(waiting.get("message") or "").strip().splitlines()
                 logs = ""
-                if waiting.reason == "CrashLoopBackOff":
+                if reason == "CrashLoopBackOff":
                     with contextlib.suppress(Exception):
-                        text = api.read_namespaced_pod_log(pod.metadata.name, namespace,
-                                                           container=cs.name, tail_lines=3,
-                                                           previous=True)
+                        text = api.log(namespace, name(pod), container=cs.get("name"),
+                                       tailLines=3, previous=True)
                         logs = " | ".join(text.strip().splitlines())
+                node = (pod.get("spec") or {}).get("nodeName")
                 raise RuntimeBackendError(
-                    step, f"pod {namespace}/{pod.metadata.name} on {pod.spec.node_name}: "
-                    f"{waiting.reason}{': ' + detail[0] if detail else ''}"
+                    step, f"pod {namespace}/{name(pod)} on {node}: "
+                    f"{reason}{': ' + detail[0] if detail else ''}"
                     f"{' (last log: ' + logs + ')' if logs else ''}")
 
 
@@ -189,13 +185,11 @@ def docker_client() -> Any:
     return docker.from_env(timeout=30)
 
 
-def admin_api(client: Any, cluster: str) -> Any:
+def admin_api(client: Any, cluster: str) -> Kube:
     """A client of ``cluster``'s API server before ``kind create`` has written the
     kubeconfig: the control plane's admin.conf, pointed where kind's kubeconfig will
     point (the API server port Docker publishes on the host)."""
     import yaml
-    from kubernetes import client as k8s
-    from kubernetes import config
 
     node = client.containers.get(f"{cluster}-control-plane")
     read = node.exec_run(["cat", "/etc/kubernetes/admin.conf"])
@@ -205,7 +199,7 @@ def admin_api(client: Any, cluster: str) -> Any:
     binding = node.attrs["NetworkSettings"]["Ports"]["6443/tcp"][0]
     conf["clusters"][0]["cluster"]["server"] = (f"https://{binding['HostIp'] or '127.0.0.1'}:"
                                                 f"{binding['HostPort']}")
-    return k8s.CoreV1Api(config.new_client_from_config_dict(conf))
+    return Kube.from_dict(conf)
 
 
 class EarlyLoad(threading.Thread):
@@ -247,7 +241,7 @@ class EarlyLoad(threading.Thread):
                 api = api or admin_api(self.client, self.cluster)
                 # the API answers, kubeadm's RBAC for admin.conf is there, and the
                 # controller-manager runs (it made kube-system's default ServiceAccount)
-                api.read_namespaced_service_account("default", "kube-system")
+                api.get("/api/v1/namespaces/kube-system/serviceaccounts/default")
             except Exception:  # noqa: BLE001 - not yet
                 self.cancelled.wait(0.5)
                 continue

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.errors import ControlError, SandboxError
-from sandbox.runtimes.kind.api import POD_RESOURCES_IN_NODE, STATE_IN_NODE, api_client
+from sandbox.runtimes.kind.api import POD_RESOURCES_IN_NODE, STATE_IN_NODE
 
 TRANSPORT_ENV = "SANDBOX_TRANSPORT"
 TRANSPORTS = ("host", "exec")
@@ -91,7 +91,11 @@ def relayed(kubeconfig: Path, namespace: str, selector: str, path: str,
             what: str) -> Iterator[Path]:
     """A local socket path whose every connection is relayed to ``path`` in the running
     pod matched by ``selector``; removed, with every relay, when the block ends."""
-    api = api_client(kubeconfig)  # a client of its own: `stream` patches it while it connects
+    from kubernetes import client, config
+
+    # the typed client here (kubernetes.stream needs it), one of its own: `stream` patches
+    # it while it connects
+    api = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
     try:
         pods = api.list_namespaced_pod(namespace, label_selector=selector).items
     except Exception as exc:  # noqa: BLE001 - the API server is gone or unreachable

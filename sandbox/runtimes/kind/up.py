@@ -10,18 +10,19 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from sandbox.commands import run
 from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
+from sandbox.kubeapi import Kube, is_ready, labels, name
 from sandbox.manifests import find_plugin
 from sandbox.profile import spec
 from sandbox.profile.spec import Cluster
 from sandbox.progress import Progress
 from sandbox.runtimes import kubeletns
-from sandbox.runtimes.base import advertisable, is_ready
+from sandbox.runtimes.base import advertisable
 from sandbox.runtimes.kind import topology as kindtopology
 from sandbox.runtimes.kind.api import (
     AGENT_NAMESPACE,
@@ -64,16 +65,16 @@ def network_name(name: str) -> str:
     return f"hwsb-{name}"
 
 
-def _serves_agent_log(api: Any, target: str) -> bool:
+def _serves_agent_log(api: Kube, target: str) -> bool:
     """Has the restarted kubelet of node ``target`` taken its pods back? Until it has
     synced them from the API server again, it answers their logs with 404 (seen:
     ``kubectl logs`` of the agent just after ``up``)."""
     try:
-        pods = api.list_namespaced_pod(AGENT_NAMESPACE, field_selector=f"spec.nodeName={target}",
-                                       label_selector="app.kubernetes.io/name=hw-sandbox-agent")
-        for pod in pods.items:
-            api.read_namespaced_pod_log(pod.metadata.name, AGENT_NAMESPACE, container="agent",
-                                        tail_lines=1)
+        pods = api.items(f"/api/v1/namespaces/{AGENT_NAMESPACE}/pods",
+                         fieldSelector=f"spec.nodeName={target}",
+                         labelSelector="app.kubernetes.io/name=hw-sandbox-agent")
+        for pod in pods:
+            api.log(AGENT_NAMESPACE, name(pod), container="agent", tailLines=1)
     except Exception:  # noqa: BLE001 - any failure: not yet
         return False
     return True
@@ -219,7 +220,7 @@ class KindUp:
         # else the topology step restarts the kubelets at once and waits for both: the
         # plugin registers again with each restarted kubelet anyway
 
-    def _deploy(self, api: Any) -> None:
+    def _deploy(self, api: Kube) -> None:
         """The agent DaemonSets and, unless --no-device-plugin, our device plugin's."""
         plugin = self.runtime.reference_plugin
         self.progress("deploying the fake-hardware agent " + (
@@ -256,12 +257,12 @@ class KindUp:
         deadline = time.monotonic() + PLUGIN_TIMEOUT
         back: set[str] = set()  # Ready on the emulated machine, maybe not advertising yet
         while want:
-            for item in api.list_node().items:
-                replica = (item.metadata.labels or {}).get(NODE_LABEL)
+            for item in api.items("/api/v1/nodes"):
+                replica = labels(item).get(NODE_LABEL)
                 if replica not in want:
                     continue
-                capacity = item.status.capacity or {}
-                advertised = {r: v for r, v in (item.status.allocatable or {}).items()
+                capacity = item["status"].get("capacity") or {}
+                advertised = {r: v for r, v in (item["status"].get("allocatable") or {}).items()
                               if ours(r) and int(v) > 0}
                 if is_ready(item) and capacity.get("cpu") == str(want[replica]):
                     back.add(replica)
@@ -289,7 +290,7 @@ class KindUp:
                     f"{targets[late[0]]} journalctl -u kubelet`")
             time.sleep(0.25)
 
-    def _wait_agents(self, api: Any) -> None:
+    def _wait_agents(self, api: Kube) -> None:
         from sandbox.fakehw.control import ControlClient
 
         pending = {n.name for n in self.cluster.nodes}
@@ -316,13 +317,13 @@ class KindUp:
                     "-l app.kubernetes.io/name=hw-sandbox-agent` (KUBECONFIG in the state dir)")
             time.sleep(0.25)
 
-    def _wait_plugins(self, api: Any) -> None:
+    def _wait_plugins(self, api: Kube) -> None:
         want = {n.name for n in self.cluster.nodes if advertisable(n, len(n.devices))}
         deadline = time.monotonic() + PLUGIN_TIMEOUT
         while want:
-            for item in api.list_node().items:
-                replica = (item.metadata.labels or {}).get(NODE_LABEL)
-                capacity = item.status.capacity or {}
+            for item in api.items("/api/v1/nodes"):
+                replica = labels(item).get(NODE_LABEL)
+                capacity = item["status"].get("capacity") or {}
                 if replica in want and any(ours(r) and int(v) > 0 for r, v in capacity.items()):
                     want.discard(replica)
                     self.progress(f"{replica}: kubelet advertises "

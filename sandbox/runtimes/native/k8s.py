@@ -1,11 +1,11 @@
-"""What the native runtime asks the API server and the kubelet (the official client)."""
+"""What the native runtime asks the API server (``sandbox.kubeapi``) and the kubelet."""
 
 from __future__ import annotations
 
 import socket
-from typing import Any
 
-from sandbox.runtimes.base import NodeStatus, ResourceStatus, is_ready
+from sandbox.kubeapi import ApiError, Kube, is_ready
+from sandbox.runtimes.base import NodeStatus, ResourceStatus
 from sandbox.runtimes.native.common import DEVICE_PLUGINS_DIR, ORDER, Layout, running
 
 
@@ -22,23 +22,16 @@ def kubelet_running() -> bool:
     return True
 
 
-def _client(layout: Layout) -> Any:
-    from kubernetes import client, config
-
-    api_client = config.new_client_from_config(config_file=str(layout.kubeconfig))
-    return client.CoreV1Api(api_client)
+def _client(layout: Layout) -> Kube:
+    return Kube.from_kubeconfig(layout.kubeconfig)
 
 
 def node_ready(layout: Layout, name: str) -> bool:
-    from kubernetes.client.exceptions import ApiException
-
-    api = _client(layout)
-    try:
-        node = api.read_node(name)
-    except ApiException:
-        return False
-    finally:
-        api.api_client.close()
+    with _client(layout) as api:
+        try:
+            node = api.get(f"/api/v1/nodes/{name}")
+        except ApiError:
+            return False
     return is_ready(node)
 
 
@@ -46,21 +39,16 @@ def default_service_account(layout: Layout) -> bool:
     """Does namespace default have its service account yet? The controller-manager makes
     it a few seconds after it starts; until then the API server refuses every pod there
     ("serviceaccount \"default\" not found")."""
-    from kubernetes.client.exceptions import ApiException
-
-    api = _client(layout)
-    try:
-        api.read_namespaced_service_account("default", "default")
-    except ApiException:
-        return False
-    finally:
-        api.api_client.close()
+    with _client(layout) as api:
+        try:
+            api.get("/api/v1/namespaces/default/serviceaccounts/default")
+        except ApiError:
+            return False
     return True
 
 
 def node_status(layout: Layout, name: str) -> NodeStatus:
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError  # e.g. MaxRetryError: no API server answers
+    from urllib3.exceptions import HTTPError  # e.g. NewConnectionError: no API server answers
 
     status = NodeStatus(name=name, ready=False)
     for proc in ORDER:
@@ -70,17 +58,15 @@ def node_status(layout: Layout, name: str) -> NodeStatus:
     if (layout.run / "dra-driver.pid").exists() and running(layout, "dra-driver") is None:
         status.down.append("dra-driver")
         status.notes.append(f"the DRA driver is not running (log {layout.logs / 'dra-driver.log'})")
-    api = _client(layout)
     try:
-        node = api.read_node(name)
-    except (ApiException, HTTPError, OSError) as exc:
+        with _client(layout) as api:
+            node = api.get(f"/api/v1/nodes/{name}")
+    except (ApiError, HTTPError, OSError) as exc:
         status.notes.append(f"cannot read node {name}: {exc}")
         return status
-    finally:
-        api.api_client.close()
     status.ready = is_ready(node)
-    capacity = node.status.capacity or {}
-    allocatable = node.status.allocatable or {}
+    capacity = node["status"].get("capacity") or {}
+    allocatable = node["status"].get("allocatable") or {}
     for resource in sorted(capacity):
         if "/" not in resource or resource.startswith("kubernetes.io/"):
             continue  # cpu, memory, hugepages-*: not extended resources
