@@ -164,6 +164,9 @@ def test_choose_and_force(monkeypatch: pytest.MonkeyPatch) -> None:
     assert transport.choose(_Docker("Ubuntu 24.04"))[0] == "exec"
     monkeypatch.setenv("DOCKER_HOST", "unix:///run/user/1000/docker.sock")
     assert transport.choose(_Docker("Ubuntu 24.04"))[0] == "host"
+    # the caller's `docker info` (up asks it once), not the daemon again
+    assert transport.choose(_Docker("Ubuntu 24.04"),
+                            {"OperatingSystem": "Docker Desktop"})[0] == "exec"
     monkeypatch.setenv(transport.TRANSPORT_ENV, "exec")
     assert transport.choose(_Docker("Ubuntu 24.04")) == ("exec", "SANDBOX_TRANSPORT=exec")
     assert transport.transport_for("host") == "exec"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,10 @@ def caps_missing() -> bool:
     return False
 
 
-def host_facts(client: Any, image: str) -> HostFacts:
-    info = client.info()
+def host_facts(client: Any, image: str, info: Mapping[str, Any] | None = None) -> HostFacts:
+    """What the config needs from the Docker host (``info``: its ``docker info`` if the
+    caller has it already) and from the node image's labels."""
+    info = client.info() if info is None else info
     labels: dict[str, str] = {}
     with contextlib.suppress(Exception):
         labels = client.images.get(image).labels or {}

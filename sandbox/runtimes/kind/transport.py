@@ -24,7 +24,7 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +48,10 @@ def forced() -> str | None:
     return value
 
 
-def choose(docker: Any) -> tuple[str, str]:
+def choose(docker: Any, info: Mapping[str, Any] | None = None) -> tuple[str, str]:
     """The transport a new sandbox records, and why: ``exec`` where the Docker daemon does
-    not run on this machine's kernel, else ``host``."""
+    not run on this machine's kernel, else ``host``. ``info``: the daemon's ``docker info``
+    if the caller has it already (else asked here)."""
     chosen = forced()
     if chosen is not None:
         return chosen, f"{TRANSPORT_ENV}={chosen}"
@@ -60,7 +61,7 @@ def choose(docker: Any) -> tuple[str, str]:
     if docker_host and not docker_host.startswith("unix://"):
         return "exec", f"DOCKER_HOST={docker_host} is not a local socket"
     try:
-        system = str(docker.info().get("OperatingSystem", ""))
+        system = str((docker.info() if info is None else info).get("OperatingSystem", ""))
     except Exception:  # noqa: BLE001 - docker raises many types; up fails elsewhere if so
         system = ""
     if "Docker Desktop" in system:

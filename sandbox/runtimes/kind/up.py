@@ -10,7 +10,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -109,6 +109,7 @@ class KindUp:
         self.record = SandboxRecord()
         self.deployed = False  # the agent (and plugin) objects exist in the cluster
         self.deploy_error: SandboxError | None = None
+        self.docker_info: dict[str, Any] = {}  # `docker info`, asked once by preflight
 
     def preflight(self) -> None:
         """No kind cluster of that name, the node image at hand; the record, each
@@ -129,7 +130,13 @@ class KindUp:
                 "preflight", f"node image {image} is not present locally (docker pull it, or "
                 "build one offline with scripts/build-kind-node-image)")
         self.image = image
-        transport, why = choose_transport(self.client)
+        # `docker info` once: the daemon gathers it anew on each call (0.15-0.3 s here,
+        # before `kind create` starts); the config step reads it too
+        try:
+            self.docker_info = dict(self.client.info())
+        except Exception:  # noqa: BLE001 - docker raises many types; kind fails if so
+            self.docker_info = {}
+        transport, why = choose_transport(self.client, self.docker_info)
         if transport != "host":
             self.progress(f"node sockets through the Kubernetes API (exec transport): {why}")
         self.record = SandboxRecord(
@@ -149,10 +156,10 @@ class KindUp:
         """The kind config for this Docker host and node image; a shared mount for the
         nodes' state dirs (Bidirectional extraMounts need one on the host side)."""
         if self.image:
-            self.facts = host_facts(self.client, self.image)
+            self.facts = host_facts(self.client, self.image, self.docker_info)
         else:
             self.facts = HostFacts(
-                cgroup_v1=str(self.client.info().get("CgroupVersion", "2")) == "1",
+                cgroup_v1=str(self.docker_info.get("CgroupVersion", "2")) == "1",
                 restrict_oom=localdocker_client() and caps_missing())
         kindtopology.install_wrapper(self.state_dir)
         config = self.state_dir / "kind-config.yaml"
