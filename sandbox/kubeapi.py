@@ -130,8 +130,8 @@ class Kube:
         resources: dict[str, dict[str, tuple[str, bool]]] = {}
         for doc in docs:
             version = str(doc["apiVersion"])
+            base = f"/api/{version}" if "/" not in version else f"/apis/{version}"
             if version not in resources:
-                base = f"/api/{version}" if "/" not in version else f"/apis/{version}"
                 resources[version] = {
                     r["kind"]: (r["name"], bool(r.get("namespaced")))
                     for r in self.get(base).get("resources", []) if "/" not in r["name"]}
@@ -139,7 +139,6 @@ class Kube:
             if kind not in resources[version]:
                 raise ApiError("POST", version, 404, f"the server has no {kind} in {version}")
             plural, namespaced = resources[version][kind]
-            base = f"/api/{version}" if "/" not in version else f"/apis/{version}"
             namespace = (doc.get("metadata") or {}).get("namespace") or "default"
             path = (f"{base}/namespaces/{quote(namespace)}/{plural}" if namespaced
                     else f"{base}/{plural}")
