@@ -16,6 +16,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +120,40 @@ def test_a_change_puts_the_new_bytes_in_the_page_cache(serve: Any) -> None:
             assert resident(srv.root, [aer]) == {aer: 1}
             assert (srv.root / aer).read_bytes() == files_with_data(states)[aer]
             assert snapshot_mount(srv.root) == snapshot_tree(rebuild(states))
+
+
+def _fuse_fd_flags(pid: int) -> int:
+    """The open flags of the process's /dev/fuse descriptor (from /proc/PID/fdinfo)."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        if os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/fuse":
+            for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines():
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8)
+    raise AssertionError(f"process {pid} holds no /dev/fuse")
+
+
+def test_queued_requests_are_taken_without_waiting(serve: Any) -> None:
+    """Fast mode's one worker reads /dev/fuse non-blocking (pyfuse3 patch level 2): it
+    takes queued requests one after another and waits only when none is left, yet lets
+    the control server in between. Eight cold readers at once get exactly the tree while
+    changes are applied and answered."""
+    import pyfuse3
+
+    assert pyfuse3.HWSANDBOX_PATCH >= 2, "rebuild pyfuse3 with scripts/build-pyfuse3"
+    srv = serve(HWSANDBOX_FUSE_WARM_MIB="0")  # every first read a round trip
+    assert _fuse_fd_flags(srv.proc.pid) & os.O_NONBLOCK
+    expected = snapshot_tree(rebuild({}))
+    sick = {"gpu0": DeviceState(Health.UNHEALTHY, Reason.AER_FATAL)}
+    with ThreadPoolExecutor(8) as pool, ControlClient(srv.socket) as c:
+        reads = [pool.submit(snapshot_mount, srv.root) for _ in range(8)]
+        c.health("gpu0", "unhealthy", "aer-fatal")  # answered while they read
+        c.health("gpu0", "healthy")
+        after = snapshot_tree(rebuild(sick))
+        for r in reads:  # each entry as it was before or after a change
+            got = r.result()
+            assert got.keys() == expected.keys()
+            assert [p for p, v in got.items() if v not in (expected[p], after[p])] == []
+    assert snapshot_mount(srv.root) == expected
 
 
 def test_unmount_and_kill_while_warming(tmp_path: Path) -> None:
