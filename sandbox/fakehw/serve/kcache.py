@@ -168,7 +168,10 @@ for line in sys.stdin:
                 seen += sum(1 for _ in it)
         except OSError:
             pass  # gone meanwhile (a fault), or unmounted
-    print(seen, flush=True)
+    try:
+        print(seen, flush=True)
+    except BrokenPipeError:  # the server is gone (killed or unmounted): nothing to tell
+        sys.exit(0)
 """
 
 
