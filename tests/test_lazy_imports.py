@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-LAZY = ["sandbox.agent", "sandbox.fakehw", "sandbox.kubelet", "sandbox.profile"]
+LAZY = ["sandbox.agent", "sandbox.fakehw", "sandbox.kubelet", "sandbox.profile",
+        "hwplugins.deviceplugin", "hwplugins.dra"]
 
 
 @pytest.mark.parametrize("package", LAZY)
@@ -50,6 +51,10 @@ def _loaded(imports: str) -> list[str]:
     ("import sandbox.kubelet.status, sandbox.fakehw.states, sandbox.agent.spawn", []),
     # the loader itself: pydantic and YAML, still no server or gRPC
     ("from sandbox.profile import load_profile", ["pydantic", "yaml"]),
+    # `sandbox up`'s command, which names the DRA driver's device types, and the device
+    # plugin's discovery it asks for a count: no DRA driver, no plugin server
+    ("import sandbox.cli.up; from hwplugins.deviceplugin import discover",
+     ["pydantic", "yaml"]),
 ])  # fmt: skip
 def test_light_modules_do_not_import_heavy_ones(imports: str, allowed: list[str]) -> None:
     assert _loaded(imports) == allowed

@@ -2,12 +2,15 @@
 
 A package's ``__init__`` runs whenever any of its modules is imported, so re-exporting
 from heavy modules there makes every light module of the package heavy: the FUSE server,
-which needs only a resolved spec, paid for the YAML loader's pydantic model, and every
-`sandbox` command that read a status file for the kubelet harness's gRPC. ``exports``
+which needs only a resolved spec, paid for the YAML loader's pydantic model; every
+`sandbox` command that read a status file, for the kubelet harness's gRPC; `sandbox up`,
+for the device plugin's gRPC server when it asked the plugin's discovery for a count,
+and for the whole DRA driver when it named the DRA device types. ``exports``
 gives such a package a module ``__getattr__`` (PEP 562) that imports a name's module when
 the name is first used. The package lists the same imports under ``TYPE_CHECKING`` for
 type checkers, and its ``__all__`` as before (tests/test_lazy_imports.py checks the
-exports against ``__all__``).
+exports against ``__all__``). It lives in hwplugins, which never imports the sandbox;
+``sandbox.lazy`` is the same function for the sandbox's packages.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import json
 import sys
 
 import yaml
-from hwplugins.dra.slices import TYPES
+from hwplugins.dra.devtypes import TYPES
 
 from sandbox.cli.status import add_file_arguments, check_picture_file, write_picture
 from sandbox.draclaims import quantity, read_usage

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hwplugins.dra.slices import TYPES as DRA_DEVICE_TYPES
+from hwplugins.dra.devtypes import TYPES as DRA_DEVICE_TYPES
 
 from sandbox.cli import on_sigint
 from sandbox.errors import OptionRefused, SandboxError

@@ -14,11 +14,12 @@ from types import FrameType
 import yaml
 
 from hwplugins.dra.config import ConfigError, load_config
+from hwplugins.dra.devtypes import TYPES
 from hwplugins.dra.discovery import discover
 from hwplugins.dra.driver import Driver, run
 from hwplugins.dra.kubeletplugin import KubeletPlugin
 from hwplugins.dra.publisher import Publisher, read_claim, write_device_status
-from hwplugins.dra.slices import DRIVER, TYPES, build_pool, resource_slices
+from hwplugins.dra.slices import DRIVER, build_pool, resource_slices
 from hwplugins.dra.state import Claims, PrepareError
 from hwplugins.kubeletsock import ServeError
 from hwplugins.watch import Rescans

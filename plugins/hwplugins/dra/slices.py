@@ -40,7 +40,6 @@ from hwplugins.dra.discovery import NO_EXECUTE, AttrValue, Device, dns_label
 DRIVER = "dra.hwsandbox.dev"
 API_VERSION = "resource.k8s.io/v1"
 TAINT_KEY = "hwsandbox.dev/unhealthy"
-TYPES = ("gpu", "gpu-partition", "nic", "vf", "fpga")
 STANDARD = "resource.kubernetes.io/"
 MAX_DEVICES_PER_SLICE = 64
 MAX_COUNTER_SETS_PER_SLICE = 8
