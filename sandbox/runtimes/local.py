@@ -5,15 +5,19 @@ Per node replica, three host processes under ``<state>/nodes/<node>/``:
            control socket ``control.sock`` (what ``sandbox fault`` talks to)
   kubelet  ``sandbox kubelet serve``: the kubelet harness on ``kubelet/kubelet.sock``;
            it writes what a kubelet would advertise to ``kubelet-status.json``
-  plugin   our reference device plugin, reading only ``root/sys`` and ``root/dev``
+  plugin   our reference device plugin, reading only ``root/sys`` and ``root/dev``;
+           started with the harness but held (``sandbox.prestart``) until the tree is
+           served, so its start-up overlaps the mount
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -43,6 +47,8 @@ from sandbox.supervisor import Proc, log_tail
 READY_TIMEOUT = 20.0
 _FIRST_SCAN = 10.0  # seconds the plugin gets to advertise before we count without it
 PLUGIN_MODULE = "hwplugins.deviceplugin"
+PLUGIN_GO = "plugin.go"  # created in a node's dir once its tree is served: the plugin runs
+PLUGIN_HOLD = 300.0  # seconds a started plugin waits for PLUGIN_GO before it gives up
 
 
 def node_dir(state_dir: Path, node: str) -> Path:
@@ -104,6 +110,8 @@ class LocalRuntime:
         once."""
         if not node.devices:
             return
+        # The count's imports (~0.15 s) are paid while the plugin starts, not after it.
+        threading.Thread(target=_import_discovery, daemon=True).start()
         d = node_dir(state_dir, node.name)
         started = time.monotonic()
         plugged = len(node.devices) - sum(not s.plugged for s in initial_states(node).values())
@@ -200,9 +208,10 @@ class LocalRuntime:
 
 
 class _Up:
-    """One ``up``: the steps' ``do``s. Every node's harness starts first (no
-    dependencies), then each tree is mounted, then the plugins: Python start-up
-    dominates, so it overlaps across nodes."""
+    """One ``up``: the steps' ``do``s. Every node's harness and plugin start first (the
+    plugin held until its tree is served: ``sandbox.prestart``), then each tree is
+    mounted, then the plugins go: Python start-up dominates, so it overlaps across
+    nodes and with the mounts."""
 
     def __init__(self, runtime: LocalRuntime, cluster: Cluster, profile_path: str,
                  state_dir: Path, record: SandboxRecord, progress: Progress) -> None:
@@ -242,6 +251,10 @@ class _Up:
                     kubelet_dir=str(d / "kubelet"),
                     status_file=str(d / "kubelet-status.json"),
                     procs={"kubelet": kubelet.to_json()}))
+                # Recorded as the plugin: the "plugin" step's undo stops it, go or not.
+                plugin = _start_plugin(d)
+                started.append(plugin)
+                self._add_proc(node.name, "plugin", plugin)
 
     def mounts(self) -> None:
         # Every server serves the spec resolved here, not its own reading of the profile.
@@ -273,15 +286,7 @@ class _Up:
                 raise RuntimeBackendError(f"kubelet harness {node.name}", str(exc)) from exc
             self.progress(f"{node.name}: fake hardware and kubelet harness up; starting the "
                           "reference device plugin")
-            with self._starting() as started:
-                plugin = supervisor.spawn(
-                    f"plugin {node.name}",
-                    [sys.executable, "-m", PLUGIN_MODULE, "--root", str(d / "root"),
-                     "--kubelet-dir", str(d / "kubelet"),
-                     # Rescan on the tree's change events, not every second (idle CPU).
-                     "--watch", str(d / "control.sock")], d / "plugin.log")
-                started.append(plugin)
-                self._add_proc(node.name, "plugin", plugin)
+            (d / PLUGIN_GO).touch()
 
     def advertised(self) -> None:
         for node in self.cluster.nodes:
@@ -345,6 +350,23 @@ def _procs(info: NodeRecord) -> dict[str, Proc]:
         with contextlib.suppress(KeyError, TypeError, ValueError):
             out[what] = Proc.from_json(obj)
     return out
+
+
+def _start_plugin(d: Path) -> Proc:
+    """The node's reference plugin, imported and waiting for ``PLUGIN_GO`` in ``d``
+    (``sandbox.prestart``; it gives up after ``PLUGIN_HOLD`` s)."""
+    (d / PLUGIN_GO).unlink(missing_ok=True)
+    return supervisor.spawn(
+        f"plugin {d.name}",
+        [sys.executable, "-m", "sandbox.prestart", str(d / PLUGIN_GO), str(PLUGIN_HOLD),
+         PLUGIN_MODULE, "--root", str(d / "root"), "--kubelet-dir", str(d / "kubelet"),
+         # Rescan on the tree's change events, not every second (idle CPU).
+         "--watch", str(d / "control.sock")], d / "plugin.log")
+
+
+def _import_discovery() -> None:
+    with contextlib.suppress(ImportError):  # _advertised's own import says why
+        importlib.import_module("hwplugins.deviceplugin")
 
 
 def _plugin_serving(kubelet_dir: Path) -> bool:
