@@ -123,6 +123,12 @@ def test_bad_spec_files_are_refused_naming_the_field() -> None:
     doc["spec"]["devices"][0]["numa_node"] = "0"  # type: ignore[index]
     cases.append((json.dumps(doc), "spec.devices[0].numa_node: expected int, got '0'"))
     doc = _doc(node)
+    doc["spec"]["cpu"]["sockets"] = "{sockets}"  # type: ignore[index]
+    cases.append((json.dumps(doc), "spec.cpu.sockets: expected int, got '{sockets}'"))
+    doc = _doc(node)
+    doc["spec"]["pci"][1]["device_id"] = [1]  # type: ignore[index]
+    cases.append((json.dumps(doc), "spec.pci[1].device_id: expected int, got [1]"))
+    doc = _doc(node)
     doc["spec"]["cpu"]["turbo"] = True  # type: ignore[index]
     cases.append((json.dumps(doc), "spec.cpu.turbo: unknown field"))
     doc = _doc(node)
