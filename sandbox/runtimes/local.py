@@ -366,7 +366,7 @@ def _start_plugin(d: Path) -> Proc:
 
 def _import_discovery() -> None:
     with contextlib.suppress(ImportError):  # _advertised's own import says why
-        importlib.import_module("hwplugins.deviceplugin")
+        importlib.import_module("hwplugins.deviceplugin.discovery")
 
 
 def _plugin_serving(kubelet_dir: Path) -> bool:
