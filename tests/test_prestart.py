@@ -49,7 +49,8 @@ def test_imports_at_once_and_runs_the_program_when_the_file_appears(tmp_path: Pa
         assert proc.poll() is None, proc.communicate()[1]
         time.sleep(0.02)
     time.sleep(0.3)
-    assert proc.poll() is None and not out.exists()  # held until the go file
+    assert proc.poll() is None  # held until the go file
+    assert not out.exists()
     go.touch()
     assert proc.wait(30) == 5, proc.communicate()[1]  # the program's exit status
     ran = json.loads(out.read_text())
@@ -63,7 +64,8 @@ def test_without_the_file_it_gives_up_running_nothing(tmp_path: Path) -> None:
     assert proc.wait(30) == 3
     err = proc.communicate()[1]
     assert "did not appear within 0.3 s; not starting prog" in err, err
-    assert mark.exists() and not out.exists()
+    assert mark.exists()
+    assert not out.exists()
 
 
 def test_usage_error() -> None:

@@ -141,6 +141,8 @@ def test_queued_requests_are_taken_without_waiting(serve: Any) -> None:
 
     assert pyfuse3.HWSANDBOX_PATCH >= 2, "rebuild pyfuse3 with scripts/build-pyfuse3"
     srv = serve(HWSANDBOX_FUSE_WARM_MIB="0")  # every first read a round trip
+    # The server says ready just before its loop starts; a request answered means it runs.
+    assert os.listdir(srv.root)
     assert _fuse_fd_flags(srv.proc.pid) & os.O_NONBLOCK
     expected = snapshot_tree(rebuild({}))
     sick = {"gpu0": DeviceState(Health.UNHEALTHY, Reason.AER_FATAL)}
