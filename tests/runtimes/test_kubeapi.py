@@ -20,8 +20,10 @@ from sandbox.runtimes.kind.api import (
     agent_manifests,
     create,
     fail_on_broken_pods,
+    kind_nodes,
     scale_coredns_to_zero,
 )
+from sandbox.runtimes.kind.config import NODE_LABEL
 from tests.plugins.dra.controlplane import ControlPlane, add_node, control_plane
 from tests.support.paths import REPO
 
@@ -86,6 +88,17 @@ def test_reads_nodes_with_selectors_and_says_ready(api: Kube) -> None:
     assert api.items("/api/v1/nodes", labelSelector="kubernetes.io/hostname=nobody") == []
     assert not is_ready({"status": {"conditions": [{"type": "Ready", "status": "False"}]}})
     assert not is_ready({"metadata": {}, "status": {}})
+
+
+def test_finds_each_replicas_kind_node_in_one_list(api: Kube) -> None:
+    """``kind_nodes``: replica -> kind node container, from the nodes carrying the
+    sandbox's node label (the kind config sets it on each node's kubelet)."""
+    for container, replica in (("sbx-worker", "gpu-a"), ("sbx-worker2", "gpu-b")):
+        api.create([{"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": container, "labels": {NODE_LABEL: replica}}}])  # fmt: skip
+    assert kind_nodes(api) == {"gpu-a": "sbx-worker", "gpu-b": "sbx-worker2"}
+    assert kind_nodes(api, "gpu-b") == {"gpu-b": "sbx-worker2"}
+    assert kind_nodes(api, "nobody") == {}
 
 
 def test_errors_carry_the_status_and_the_servers_message(api: Kube) -> None:

@@ -47,7 +47,14 @@ from sandbox.runtimes.base import (
     add_pod_resources,
     refuse_options,
 )
-from sandbox.runtimes.kind.api import AGENT_NAMESPACE, KIND_TIMEOUT, api_client, docker_client, ours
+from sandbox.runtimes.kind.api import (
+    AGENT_NAMESPACE,
+    KIND_TIMEOUT,
+    api_client,
+    docker_client,
+    kind_nodes,
+    ours,
+)
 from sandbox.runtimes.kind.config import NODE_LABEL
 from sandbox.runtimes.kind.host import host_facts, no_kind
 from sandbox.runtimes.kind.transport import in_agent, relayed, transport_for
@@ -204,10 +211,10 @@ class KindRuntime:
         if not kubeconfig:
             raise SandboxError(f"sandbox {state_dir.name!r} has no kubeconfig")
         with api_client(Path(kubeconfig)) as api:
-            items = api.items("/api/v1/nodes", labelSelector=f"{NODE_LABEL}={node}")
-        if not items:
+            found = kind_nodes(api, node)
+        if node not in found:
             raise SandboxError(f"no kind node carries {NODE_LABEL}={node}")
-        return name(items[0])
+        return found[node]
 
 
 

@@ -125,6 +125,14 @@ def api_client(kubeconfig: Path) -> Kube:
     return Kube.from_kubeconfig(kubeconfig)
 
 
+def kind_nodes(api: Kube, replica: str | None = None) -> dict[str, str]:
+    """Profile node replica -> its kind node (container), from one labelled node list:
+    every replica's, or ``replica``'s alone."""
+    selector = NODE_LABEL if replica is None else f"{NODE_LABEL}={replica}"
+    return {item["metadata"]["labels"][NODE_LABEL]: name(item)
+            for item in api.items("/api/v1/nodes", labelSelector=selector)}  # fmt: skip
+
+
 def create(api: Kube, docs: list[dict[str, Any]], step: str) -> None:
     try:
         api.create([d for d in docs if d])

@@ -34,6 +34,7 @@ from sandbox.runtimes.kind.api import (
     create,
     docker_client,
     fail_on_broken_pods,
+    kind_nodes,
     ours,
     scale_coredns_to_zero,
 )
@@ -252,8 +253,10 @@ class KindUp:
             return
         api = api_client(self.kubeconfig)
         self.progress("restarting the kubelets on the emulated CPUs, NUMA nodes and memory")
-        targets = {node.name: self.runtime.kind_node_for(self.state_dir, node.name)
-                   for node in self.cluster.nodes}
+        targets = kind_nodes(api)
+        missing = [n.name for n in self.cluster.nodes if n.name not in targets]
+        if missing:
+            raise SandboxError(f"no kind node carries {NODE_LABEL}={missing[0]}")
         for node in self.cluster.nodes:
             kindtopology.write_node_files(self.nodes / node.name, node)
             exec_in_node(targets[node.name], ["sh", "-c", kindtopology.RECONFIGURE],
