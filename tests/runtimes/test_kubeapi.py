@@ -4,6 +4,7 @@ create and read, as plain JSON, with the errors they act on."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from sandbox.errors import RuntimeBackendError
+from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.kubeapi import ApiError, Kube, is_ready, labels, name
 from sandbox.manifests import find_plugin
 from sandbox.profile import load_profile
@@ -96,9 +97,13 @@ def test_finds_each_replicas_kind_node_in_one_list(api: Kube) -> None:
     for container, replica in (("sbx-worker", "gpu-a"), ("sbx-worker2", "gpu-b")):
         api.create([{"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": container, "labels": {NODE_LABEL: replica}}}])  # fmt: skip
-    assert kind_nodes(api) == {"gpu-a": "sbx-worker", "gpu-b": "sbx-worker2"}
-    assert kind_nodes(api, "gpu-b") == {"gpu-b": "sbx-worker2"}
-    assert kind_nodes(api, "nobody") == {}
+    assert kind_nodes(api, ["gpu-a", "gpu-b"]) == {"gpu-a": "sbx-worker", "gpu-b": "sbx-worker2"}
+    assert kind_nodes(api, ["gpu-b"]) == {"gpu-b": "sbx-worker2"}
+    missing = f"^{re.escape(f'no kind node carries {NODE_LABEL}=nobody')}$"
+    with pytest.raises(SandboxError, match=missing):
+        kind_nodes(api, ["gpu-a", "nobody"])
+    with pytest.raises(SandboxError, match=missing):
+        kind_nodes(api, ["nobody"])
 
 
 def test_errors_carry_the_status_and_the_servers_message(api: Kube) -> None:

@@ -211,10 +211,7 @@ class KindRuntime:
         if not kubeconfig:
             raise SandboxError(f"sandbox {state_dir.name!r} has no kubeconfig")
         with api_client(Path(kubeconfig)) as api:
-            found = kind_nodes(api, node)
-        if node not in found:
-            raise SandboxError(f"no kind node carries {NODE_LABEL}={node}")
-        return found[node]
+            return kind_nodes(api, [node])[node]
 
 
 

@@ -12,7 +12,7 @@ import contextlib
 import shutil
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,12 +125,16 @@ def api_client(kubeconfig: Path) -> Kube:
     return Kube.from_kubeconfig(kubeconfig)
 
 
-def kind_nodes(api: Kube, replica: str | None = None) -> dict[str, str]:
-    """Profile node replica -> its kind node (container), from one labelled node list:
-    every replica's, or ``replica``'s alone."""
-    selector = NODE_LABEL if replica is None else f"{NODE_LABEL}={replica}"
-    return {item["metadata"]["labels"][NODE_LABEL]: name(item)
-            for item in api.items("/api/v1/nodes", labelSelector=selector)}  # fmt: skip
+def kind_nodes(api: Kube, replicas: Sequence[str]) -> dict[str, str]:
+    """Profile node replica -> its kind node (container) for each of ``replicas``, from
+    one labelled node list; SandboxError naming a replica no node carries."""
+    selector = f"{NODE_LABEL}={replicas[0]}" if len(replicas) == 1 else NODE_LABEL
+    found = {item["metadata"]["labels"][NODE_LABEL]: name(item)
+             for item in api.items("/api/v1/nodes", labelSelector=selector)}  # fmt: skip
+    missing = [r for r in replicas if r not in found]
+    if missing:
+        raise SandboxError(f"no kind node carries {NODE_LABEL}={missing[0]}")
+    return {r: found[r] for r in replicas}
 
 
 def create(api: Kube, docs: list[dict[str, Any]], step: str) -> None:

@@ -253,10 +253,7 @@ class KindUp:
             return
         api = api_client(self.kubeconfig)
         self.progress("restarting the kubelets on the emulated CPUs, NUMA nodes and memory")
-        targets = kind_nodes(api)
-        missing = [n.name for n in self.cluster.nodes if n.name not in targets]
-        if missing:
-            raise SandboxError(f"no kind node carries {NODE_LABEL}={missing[0]}")
+        targets = kind_nodes(api, [node.name for node in self.cluster.nodes])
         for node in self.cluster.nodes:
             kindtopology.write_node_files(self.nodes / node.name, node)
             exec_in_node(targets[node.name], ["sh", "-c", kindtopology.RECONFIGURE],
