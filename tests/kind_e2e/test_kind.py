@@ -293,23 +293,24 @@ def _phase(sb: KindSandbox, name: str) -> str:
     return sb.kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}/{.status.reason}")
 
 
-def _socket(sb: KindSandbox) -> Path:
-    return sb.state_dir / "nodes" / "gpu-worker" / "pod-resources" / "kubelet.sock"
+def _socket(sb: KindSandbox, node: str = "gpu-worker") -> Path:
+    return sb.state_dir / "nodes" / node / "pod-resources" / "kubelet.sock"
 
 
-def _held(sb: KindSandbox, pod: str) -> tuple[list[int], dict[str, tuple[int, ...]]]:
-    """(exclusive CPUs, GPU id -> NUMA ids) of default/``pod``, from the node's
+def _held(sb: KindSandbox, pod: str,
+          node: str = "gpu-worker") -> tuple[list[int], dict[str, tuple[int, ...]]]:
+    """(exclusive CPUs, GPU id -> NUMA ids) of default/``pod``, from ``node``'s
     pod-resources API through its socket on the host."""
     from sandbox.podresources import list_allocations
 
-    rows = [a for a in list_allocations(_socket(sb)) if a.pod == pod]
+    rows = [a for a in list_allocations(_socket(sb, node)) if a.pod == pod]
     cpus = sorted(c for a in rows for c in a.cpus)
     gpus = {d: a.numa for a in rows if a.resource == GPU for d in a.devices}
     return cpus, gpus
 
 
-def _numa_of_gpus(sb: KindSandbox) -> dict[str, int]:
-    root = sb.state_dir / "nodes" / "gpu-worker" / "root"
+def _numa_of_gpus(sb: KindSandbox, node: str = "gpu-worker") -> dict[str, int]:
+    root = sb.state_dir / "nodes" / node / "root"
     found = {}
     for info in (root / "proc/driver/nvidia/gpus").glob("*/information"):
         m = re.search(r"GPU UUID:\s*(\S+)", info.read_text())

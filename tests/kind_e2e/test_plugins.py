@@ -1,6 +1,8 @@
 """Bundled manifests in kind: Intel's GPU plugin (unmodified, its image built here from its
 Go module), our DRA driver allocating a MIG-like partition to a pod, and NVIDIA's device
-plugin then NVIDIA's DRA driver on our NVML."""
+plugin then NVIDIA's DRA driver on our NVML. On the MIG profile's cluster first, another
+topology policy (issue 22): under best-effort the kubelet admits a pod that
+single-numa-node would reject (tests/kind_e2e/test_kind.py), with GPUs of both NUMA nodes."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 
 from sandbox.images.oci import PATH, write_archive
 from sandbox.images.tarfiles import layer_tar
 from tests.kind_e2e.conftest import REPO, KindSandbox, Pristine, down
+from tests.kind_e2e.test_kind import GPU, _held, _numa_of_gpus, _phase, _pod
 from tests.support.thirdparty import plugin_binary
 
 INTEL_IMAGE = "intel/intel-gpu-plugin:0.36.0"
@@ -59,11 +63,30 @@ def test_intel_gpu_plugin_advertises_i915(sandbox_factory: Callable[..., KindSan
     assert not [s for s in sockets if s.startswith("hwplugins-")], sockets
 
 
-def test_dra_drivers_allocate_mig_devices(
-        sandbox_factory: Callable[..., KindSandbox]) -> None:
+@pytest.fixture(scope="module")
+def mig(sandbox_factory: Callable[..., KindSandbox]) -> KindSandbox:
+    """profiles/mig-partitions.yaml with our plugin: 2 A100s on each of 2 NUMA nodes, the
+    kubelet's topology policy best-effort. One cluster for the two tests below (a kind
+    cluster's ``up`` and ``down`` are ~45 s of the run)."""
+    return sandbox_factory("mig-partitions.yaml", "hwsb-e2e-dra")
+
+
+def test_best_effort_admits_more_gpus_than_one_numa_node_has(mig: KindSandbox) -> None:
+    numa = _numa_of_gpus(mig, "mig-worker")
+    assert sorted(numa.values()) == [0, 0, 1, 1], numa
+    mig.kubectl("apply", "-f", "-", input_text=json.dumps(
+        _pod("three-gpus", "sleep 3600", {GPU: "3"})))
+    mig.wait_for("three-gpus running", lambda: _phase(mig, "three-gpus").startswith("Running"))
+    _, given = _held(mig, "three-gpus", "mig-worker")
+    assert len(given) == 3, given
+    assert {numa[u] for u in given} == {0, 1}, given
+    mig.kubectl("delete", "pod", "three-gpus", "--wait=true")
+
+
+def test_dra_drivers_allocate_mig_devices(mig: KindSandbox) -> None:
     """Our DRA driver allocates a MIG-like partition to a pod; then NVIDIA's DRA driver, in
     its place, a MIG device (``_nvidia_dra_driver_mig``)."""
-    sb = sandbox_factory("mig-partitions.yaml", "hwsb-e2e-dra")
+    sb = mig
     config = sb.sandbox("dra", "config", str(REPO / "profiles" / "mig-partitions.yaml")).stdout
     docs = [d for d in yaml.safe_load_all(
         (REPO / "plugins" / "manifests" / "hw-sandbox-dra-driver.yaml").read_text()) if d]
