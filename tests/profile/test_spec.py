@@ -201,3 +201,26 @@ def test_status_reads_the_spec_files_each_runtime_writes(tmp_path: Path) -> None
     (kind / "nodes" / order[0] / "spec.json").write_text("{}")
     with pytest.raises(SpecError, match=f"nodes/{order[0]}/spec.json: not a resolved spec"):
         spec.read_cluster(spec_files(Session("kind", kind, record)))
+
+
+def test_the_pci_plan_copies_functions_as_dataclasses_replace_does() -> None:
+    """The resolver's fast copy of a PciFunction (pcitree._evolve, no ``__init__``) gives
+    what ``dataclasses.replace`` gives: equal, same hash, a new object, the original
+    unchanged; an unknown field is a TypeError, as there."""
+    import dataclasses
+
+    from sandbox.profile.resolve.pcitree import _evolve
+
+    functions = [f for path in sorted((ROOT / "profiles").glob("*.yaml"))
+                 for node in load_profile(path).cluster.nodes for f in node.pci]
+    assert len(functions) > 100
+    for f in functions:
+        changes = {"path": f.path + "/x", "vf_index": f.vf_index + 1, "owner": "gpu9"}
+        new = _evolve(f, **changes)
+        assert new == dataclasses.replace(f, **changes)
+        assert hash(new) == hash(dataclasses.replace(f, **changes))
+        assert new is not f
+        assert new != f
+        assert _evolve(f) == f
+    with pytest.raises(TypeError, match="no field"):
+        _evolve(functions[0], colour="red")
