@@ -91,6 +91,7 @@ class Footprint:
     processes: dict[int, str] = field(default_factory=dict)  # pid -> start time
     tasks: list[str] = field(default_factory=list)  # `ctr tasks ls` rows
     state_dir: Path = Path()
+    made_kubelet_root: bool = False  # the kubelet root carries up's marker: down removes it
 
     def leftovers(self) -> list[str]:
         found = [f"process {pid} still runs" for pid, started in self.processes.items()
@@ -103,6 +104,11 @@ class Footprint:
             if path.exists():
                 found.append(f"{path} exists")
         found += [f"link {p} (plugins deploy)" for p in host_links(self.state_dir)]
+        root = kubelet_root()
+        if self.made_kubelet_root and root.exists():
+            inside = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+            found.append(f"{root} exists (made by up): {len(inside)} entries "
+                         f"{inside[:20]}, mounts {mounts_below(root)}")
         return found
 
 
@@ -117,7 +123,10 @@ def footprint(cluster: NativeCluster) -> Footprint:
     rows = cluster.ctr("tasks", "ls").splitlines()[1:]
     pids += [int(row.split()[1]) for row in rows]  # TASK PID STATUS
     processes = {pid: started for pid in pids if (started := proc_start_time(pid))}
-    return Footprint(processes=processes, tasks=rows, state_dir=cluster.state_dir)
+    from sandbox.runtimes.native.cleanup import CREATED_MARKER
+
+    return Footprint(processes=processes, tasks=rows, state_dir=cluster.state_dir,
+                     made_kubelet_root=(kubelet_root() / CREATED_MARKER).is_file())
 
 
 def wait_until(

@@ -166,13 +166,37 @@ def host_cleanup(layout: Layout, record: SandboxRecord, progress: Progress) -> l
     (DEVICE_PLUGINS_DIR / DEVICE_CHECKPOINT).unlink(missing_ok=True)
     if (DEVICE_PLUGINS_DIR / "kubelet.sock").is_socket():
         (DEVICE_PLUGINS_DIR / "kubelet.sock").unlink(missing_ok=True)
+    problems = []
     for created in record.created_paths or ():
         path = Path(created)
-        if not path.is_dir() or path.is_symlink() or mounts_below(path):
+        if not path.is_dir() or path.is_symlink():
             continue
         if (path / CREATED_MARKER).is_file():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
+            problems += remove_own_dir(path)
+        elif not mounts_below(path):
             rmdir_tree(path)
-    return [f"mounts remain below {state_dir}"] if (
-        state_dir.exists() and mounts_below(state_dir)) else []
+    if state_dir.exists() and mounts_below(state_dir):
+        problems.append(f"mounts remain below {state_dir}")
+    return problems
+
+
+def remove_own_dir(path: Path, attempts: int = 5, pause: float = 0.5) -> list[str]:
+    """Remove a directory ``up`` made for this sandbox alone (the kubelet root), with what
+    is mounted below it. A mount or entry that appears meanwhile (a kubelet or shim still
+    exiting under load) gets another pass; what is left after ``attempts`` is reported,
+    never passed over in silence (the next ``up`` would find a kubelet root not its own)."""
+    for attempt in range(attempts):
+        if attempt:
+            time.sleep(pause)
+        unmount_below(path)
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            return []
+    try:
+        path.rmdir()
+        return []
+    except OSError as exc:
+        why = exc.strerror
+    inside = sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+    return [f"{path} (made by up) remains ({why}): mounts below it: "
+            f"{mounts_below(path) or 'none'}; {len(inside)} entries {inside[:10]}"]
