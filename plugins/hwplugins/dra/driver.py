@@ -28,6 +28,7 @@ from hwplugins.watch import Rescans
 
 log = logging.getLogger("hwplugins.dra")
 TICK = 0.1  # how soon a change event or a stop is acted on
+UNREGISTERED_WARNING = 30.0  # seconds without the kubelet's registration before a warning
 
 
 class Driver:
@@ -104,9 +105,18 @@ def run(driver: Driver, publisher: Publisher | None, plugin: KubeletPlugin | Non
         rescans: Rescans | None = None) -> None:  # fmt: skip
     """Rescan and publish when ``rescans`` says so (default: every ``interval`` seconds;
     see ``hwplugins.watch`` for following a live tree's change events); check the
-    registration socket every ``interval`` seconds."""
+    registration socket every ``interval`` seconds.
+
+    With a kubelet plugin, nothing is published until the kubelet has registered the
+    driver: a slice lets the scheduler allocate its devices at once, and a pod whose claim
+    reaches the kubelet before the driver does fails to prepare ("DRA driver ... is not
+    registered") and is retried only a minute or more later (in kind under load: 73-81 s
+    for a pod applied as soon as the slices showed). Once published, later pools publish
+    at once (a restarting kubelet registers the driver again; its slices stay)."""
     rescans = rescans or Rescans(interval)
     next_tick = 0.0
+    pending: Pool | None = None  # scanned, not yet published
+    gate = _RegistrationGate(plugin)
     if plugin is not None:
         plugin.start()
     try:
@@ -114,14 +124,15 @@ def run(driver: Driver, publisher: Publisher | None, plugin: KubeletPlugin | Non
             now = time.monotonic()
             rescan = rescans.due(now)
             if rescan is not None:
-                pool = driver.rescan(rescan.dirty)
-                if publisher is not None:
-                    try:
-                        publisher.publish(pool)
-                    except Exception as exc:  # the API server may be away: retry soon
-                        log.warning("publishing slices failed: %s", exc)
-                        publisher.forget()
-                        rescans.retry(now)
+                pending = driver.rescan(rescan.dirty)
+            if publisher is not None and pending is not None and gate.open(now):
+                try:
+                    publisher.publish(pending)
+                except Exception as exc:  # the API server may be away: retry soon
+                    log.warning("publishing slices failed: %s", exc)
+                    publisher.forget()
+                    rescans.retry(now)
+                pending = None
             if plugin is not None and now >= next_tick:
                 plugin.tick()
                 next_tick = now + interval
@@ -130,3 +141,28 @@ def run(driver: Driver, publisher: Publisher | None, plugin: KubeletPlugin | Non
         rescans.close()
         if plugin is not None:
             plugin.stop()
+
+
+class _RegistrationGate:
+    """Open once the kubelet has registered the driver (at once without a kubelet plugin),
+    then for good; says once why it waits, and warns if that lasts."""
+
+    def __init__(self, plugin: KubeletPlugin | None) -> None:
+        self.plugin = plugin
+        self.opened = plugin is None
+        self.since: float | None = None
+        self.warned = False
+
+    def open(self, now: float) -> bool:
+        if self.opened or self.plugin is None or self.plugin.registered:
+            self.opened = True
+            return True
+        if self.since is None:
+            self.since = now
+            log.info("waiting for the kubelet to register the driver before publishing slices")
+        elif not self.warned and now - self.since >= UNREGISTERED_WARNING:
+            self.warned = True
+            log.warning("the kubelet has not registered the driver after %.0f s: no slices "
+                        "are published until it does (does the kubelet watch %s?)",
+                        now - self.since, self.plugin.registration_socket.parent)
+        return False

@@ -186,6 +186,12 @@ class KubeletPlugin:
         self._reg.serve()
         log.info("serving %s; registration %s", self.endpoint, self.registration_socket)
 
+    @property
+    def registered(self) -> bool:
+        """The kubelet has said it registered the driver (NotifyRegistrationStatus)."""
+        status = self.registration.status
+        return status is not None and status[0]
+
     def tick(self) -> None:
         """Serve the registration socket again if it was removed or replaced."""
         if self._reg.keep() == AGAIN:

@@ -117,22 +117,27 @@ class Setup:
         return Claim(NS, claim["metadata"]["uid"], name)
 
 
-@pytest.fixture
-def setup() -> Iterator[Setup]:
+def _driver_argv(live: LiveNode, cp: ControlPlane, dirs: Path) -> list[str]:
+    """The driver's command line on the live node, its dirs made below ``dirs``."""
     spec = load_profile(str(PROFILE)).cluster.node(NODE)
     assert spec is not None
+    add_node(cp.api(), NODE)
+    for d in ("plugins", "registry", "cdi"):
+        (dirs / d).mkdir()
+    (dirs / "config.json").write_text(json.dumps(driver_config(spec)))
+    return [sys.executable, "-m", "hwplugins.dra", "--root", str(live.root),
+            "--node-name", NODE, "--kubeconfig", str(cp.kubeconfig),
+            "--config", str(dirs / "config.json"), "--plugins-dir", str(dirs / "plugins"),
+            "--registry-dir", str(dirs / "registry"), "--cdi-dir", str(dirs / "cdi")]
+
+
+@pytest.fixture
+def setup() -> Iterator[Setup]:
     with live_node(str(PROFILE), NODE) as live, short_dir("dra-") as dirs, \
             control_plane(scheduler=True) as cp:  # fmt: skip
         api = cp.api()
-        add_node(api, NODE)
+        argv = _driver_argv(live, cp, dirs)
         apply_file(api, REPO / "examples/dra/deviceclasses.yaml")
-        for d in ("plugins", "registry", "cdi"):
-            (dirs / d).mkdir()
-        (dirs / "config.json").write_text(json.dumps(driver_config(spec)))
-        argv = [sys.executable, "-m", "hwplugins.dra", "--root", str(live.root),
-                "--node-name", NODE, "--kubeconfig", str(cp.kubeconfig),
-                "--config", str(dirs / "config.json"), "--plugins-dir", str(dirs / "plugins"),
-                "--registry-dir", str(dirs / "registry"), "--cdi-dir", str(dirs / "cdi")]
         with PluginWatcher(dirs / "registry") as watcher:
             s = Setup(live, cp, client.CustomObjectsApi(api), client.CoreV1Api(api), watcher,
                       dirs, argv)  # fmt: skip
@@ -142,6 +147,29 @@ def setup() -> Iterator[Setup]:
                 yield s
             finally:
                 s.stop_driver()
+
+
+def test_slices_wait_for_the_kubelets_registration() -> None:
+    """A slice lets the scheduler allocate at once; a claim that reaches the kubelet before
+    the driver does fails to prepare and is retried a minute later (seen in kind). So the
+    driver publishes nothing until the kubelet has registered it, then at once."""
+    with live_node(str(PROFILE), NODE) as live, short_dir("dra-") as dirs, \
+            control_plane() as cp:  # fmt: skip
+        api = cp.api()
+        s = Setup(live, cp, client.CustomObjectsApi(api), client.CoreV1Api(api),
+                  PluginWatcher(dirs / "registry"), dirs, _driver_argv(live, cp, dirs))
+        s.start_driver()
+        try:
+            # logged where the pool is ready to publish: before this change, published there
+            s.wait("the driver waiting for the kubelet", lambda: "waiting for the kubelet "
+                   "to register the driver" in s.driver_log())
+            time.sleep(1)  # a publish takes ~20 ms: any publish would show by now
+            assert s.slices() == [], s.slices()
+            with s.watcher:
+                s.watcher.wait_registered(DRIVER, 15)
+                s.wait("slices published", s.slices, timeout=15)
+        finally:
+            s.stop_driver()
 
 
 def _gpus(live: LiveNode) -> dict[str, str]:
