@@ -8,7 +8,7 @@ first time. A ``root`` test run by another user FAILS with a hint (it never skip
 tests/e2e and tests/kind_e2e is ``root`` and ``network``.
 
 ``alone`` marks a test that compares host-wide state (the mount table, /dev, /run, the
-kubelet's directories) before and after itself: under pytest-xdist (``pytest -n 2``) it
+kubelet's directories) before and after itself: under pytest-xdist (``pytest -n 4``) it
 waits until no other test is running, and no other test starts until it
 is done. The turns are ``flock``s on two directories of the checkout, so they hold across
 the workers' processes and leave nothing behind. A ``cpu_bound`` test (pure CPU work inside
