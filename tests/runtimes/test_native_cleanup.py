@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from sandbox.runtimes.native.cleanup import CREATED_MARKER, mounts_below, remove_own_dir
+from tests.support.readers import need
+
+pytestmark = [pytest.mark.root]  # real mounts
 
 
 def _kubelet_root(tmp_path: Path) -> Path:
@@ -45,7 +48,7 @@ def test_the_root_goes_with_its_mounts(kubelet_root: Path) -> None:
 def test_what_cannot_be_removed_is_reported(kubelet_root: Path) -> None:
     pinned = kubelet_root / "pinned"
     pinned.write_text("")
-    subprocess.run(["chattr", "+i", str(pinned)], check=True)  # unlink: EPERM, even as root
+    subprocess.run([need("chattr"), "+i", str(pinned)], check=True)  # unlink: EPERM, even as root
     problems = remove_own_dir(kubelet_root, attempts=2, pause=0)
     assert len(problems) == 1, problems
     assert problems[0].startswith(f"{kubelet_root} (made by up) remains (Directory not "

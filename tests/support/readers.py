@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 PACKAGES = {
+    "chattr": "e2fsprogs",
     "lstopo-no-graphics": "hwloc-nox",
     "lscpu": "util-linux",
     "unshare": "util-linux",
