@@ -30,6 +30,7 @@ from sandbox.runtimes.native import (
     shim_pids,
 )
 from sandbox.runtimes.native import ctr as native_ctr
+from sandbox.runtimes.native.cleanup import CREATED_MARKER, left_in
 from sandbox.runtimes.native.hostpaths import host_links
 from sandbox.supervisor import Proc
 from sandbox.supervisor import start_time as proc_start_time
@@ -106,9 +107,7 @@ class Footprint:
         found += [f"link {p} (plugins deploy)" for p in host_links(self.state_dir)]
         root = kubelet_root()
         if self.made_kubelet_root and root.exists():
-            inside = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
-            found.append(f"{root} exists (made by up): {len(inside)} entries "
-                         f"{inside[:20]}, mounts {mounts_below(root)}")
+            found.append(f"{root} exists (made by up): {left_in(root)}")
         return found
 
 
@@ -123,8 +122,6 @@ def footprint(cluster: NativeCluster) -> Footprint:
     rows = cluster.ctr("tasks", "ls").splitlines()[1:]
     pids += [int(row.split()[1]) for row in rows]  # TASK PID STATUS
     processes = {pid: started for pid in pids if (started := proc_start_time(pid))}
-    from sandbox.runtimes.native.cleanup import CREATED_MARKER
-
     return Footprint(processes=processes, tasks=rows, state_dir=cluster.state_dir,
                      made_kubelet_root=(kubelet_root() / CREATED_MARKER).is_file())
 

@@ -149,7 +149,7 @@ class _RegistrationGate:
 
     def __init__(self, plugin: KubeletPlugin | None) -> None:
         self.plugin = plugin
-        self.opened = plugin is None
+        self.opened = False
         self.since: float | None = None
         self.warned = False
 

@@ -196,7 +196,11 @@ def remove_own_dir(path: Path, attempts: int = 5, pause: float = 0.5) -> list[st
         path.rmdir()
         return []
     except OSError as exc:
-        why = exc.strerror
+        return [f"{path} (made by up) remains ({exc.strerror}): {left_in(path)}"]
+
+
+def left_in(path: Path) -> str:
+    """What a directory that should be gone still holds: mounts below it, entries."""
     inside = sorted(str(p.relative_to(path)) for p in path.rglob("*"))
-    return [f"{path} (made by up) remains ({why}): mounts below it: "
-            f"{mounts_below(path) or 'none'}; {len(inside)} entries {inside[:10]}"]
+    return (f"mounts below it: {mounts_below(path) or 'none'}; {len(inside)} entries "
+            f"{inside[:10]}")
