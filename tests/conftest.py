@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import steps
 from tests.support.fakehw_toy import Server, serving
 from tests.support.paths import REPO
 
@@ -43,6 +44,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if any(path.is_relative_to(d) for d in _CLUSTER_DIRS):
             item.add_marker(pytest.mark.root)
             item.add_marker(pytest.mark.network)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    steps.LOG.report(terminalreporter)  # the e2e envs' slowest steps (tests/support/steps.py)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

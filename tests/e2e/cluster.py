@@ -48,6 +48,8 @@ OPTIONAL_FEATURE_GATES = {"DRAOptionalNodeOperations": True}  # alpha in 1.37
 if str(REPO) not in sys.path:  # tests.support (plugin builds) when run as `pytest tests/e2e`
     sys.path.append(str(REPO))
 
+from tests.support import steps  # noqa: E402
+
 
 @dataclass
 class NativeCluster:
@@ -133,11 +135,12 @@ def wait_until(
     describe: Callable[[], str] | None = None,
 ) -> None:
     deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}"
-                        + (f": {describe()}" if describe else ""))
-        time.sleep(0.5)
+    with steps.timed(f"wait for {what}"):
+        while not check():
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}"
+                            + (f": {describe()}" if describe else ""))
+            time.sleep(0.5)
 
 
 def kubectl(cluster: NativeCluster, *args: str, stdin: str | None = None) -> str:
@@ -145,9 +148,10 @@ def kubectl(cluster: NativeCluster, *args: str, stdin: str | None = None) -> str
     tool = bin_dir() / "kubectl"
     if not tool.is_file():
         pytest.fail(f"{tool} missing: run scripts/build-k8s", pytrace=False)
-    result = subprocess.run([str(tool), "--kubeconfig", str(cluster.kubeconfig), *args],
-                            input=stdin, capture_output=True, text=True, timeout=120,
-                            check=False)
+    with steps.timed(f"kubectl {' '.join(args)}"[:120]):
+        result = subprocess.run([str(tool), "--kubeconfig", str(cluster.kubeconfig), *args],
+                                input=stdin, capture_output=True, text=True, timeout=120,
+                                check=False)
     assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
     return result.stdout
 

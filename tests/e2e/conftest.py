@@ -50,6 +50,7 @@ from sandbox.profile.loader import load_profile
 from sandbox.runtimes.native import (
     NativeRuntime,
 )
+from tests.support import steps
 
 # the fixtures that bring up a cluster of their own configuration (see Sandboxes.get)
 CLUSTER_FIXTURES = ("native_cluster", "dra_cluster", "mig_cluster", "optional_cluster",
@@ -72,6 +73,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         groups.setdefault(key, []).append(item)
     items[:] = [item for group in groups.values() for item in sorted(
         group, key=lambda i: i.get_closest_marker("takes_cluster_down") is not None)]
+
+
+def _options(reference_plugin: bool, dra_driver: bool, feature_gates: dict[str, bool] | None,
+             dra_options: tuple[str, ...], plugin_options: tuple[str, ...]) -> str:
+    """A cluster's configuration as a step's name says it."""
+    said = [] if reference_plugin else ["no plugin"]
+    said += ["DRA driver"] if dra_driver else []
+    said += [f"gates {','.join(feature_gates)}"] if feature_gates else []
+    said += [" ".join(options) for options in (dra_options, plugin_options) if options]
+    return f"({'; '.join(said)})" if said else ""
 
 
 class Sandboxes:
@@ -116,7 +127,10 @@ class Sandboxes:
         state_dir = self.factory.mktemp("native") / "state"
         start = time.monotonic()
         try:
-            runtime.up(loaded.cluster, str(profile), state_dir, lambda _m: None)
+            said = _options(reference_plugin, dra_driver, feature_gates, dra_options,
+                            plugin_options)
+            with steps.timed(f"up {profile.name} {said}".rstrip()):
+                runtime.up(loaded.cluster, str(profile), state_dir, lambda _m: None)
         except BaseException:
             runtime.down(state_dir, lambda _m: None)  # as `sandbox up` does on failure
             raise
@@ -154,7 +168,8 @@ class Sandboxes:
         # down removes the state dir; keep the component logs for a failed run.
         keep = self.factory.mktemp(f"native-logs-{cluster.profile.stem}")
         shutil.copytree(cluster.layout.logs, keep, dirs_exist_ok=True)
-        cluster.runtime.down(cluster.state_dir, lambda _m: None)
+        with steps.timed(f"down {cluster.profile.name}"):
+            cluster.runtime.down(cluster.state_dir, lambda _m: None)
         assert not cluster.state_dir.exists(), f"down left {cluster.state_dir} behind"
 
 

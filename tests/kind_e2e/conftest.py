@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
+from tests.support import steps  # noqa: E402
 from tests.support.gotools import cache_root, go_install  # noqa: E402
 
 KIND_VERSION = "v0.32.0"
@@ -128,9 +129,10 @@ class KindSandbox:
 
     def kubectl(self, *args: str, input_text: str | None = None, check: bool = True,
                 timeout: float = 120) -> str:
-        proc = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
-                              input=input_text, text=True, capture_output=True, check=False,
-                              env=self.kenv.env, timeout=timeout)
+        with steps.timed(f"{self.name}: kubectl {' '.join(args)}"[:120]):
+            proc = subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args],
+                                  input=input_text, text=True, capture_output=True,
+                                  check=False, env=self.kenv.env, timeout=timeout)
         if check:
             assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
         return proc.stdout
@@ -150,9 +152,10 @@ class KindSandbox:
                  interval: float = 0.25) -> float:
         """Seconds until ``check()`` held; fails with ``what`` after ``timeout``."""
         start = time.monotonic()
-        while not check():
-            assert time.monotonic() - start < timeout, f"timed out ({timeout:.0f}s): {what}"
-            time.sleep(interval)
+        with steps.timed(f"{self.name}: wait for {what}"):
+            while not check():
+                assert time.monotonic() - start < timeout, f"timed out ({timeout:.0f}s): {what}"
+                time.sleep(interval)
         return time.monotonic() - start
 
     def wait_resource(self, node: str, resource: str, want: tuple[int, int],
@@ -234,8 +237,9 @@ def up(kenv: KindEnv, profile: str, name: str, *extra: str) -> KindSandbox:
     assert not leftovers(name), leftovers(name)
     before = host_footprint()
     start = time.monotonic()
-    proc = kenv.sandbox("up", str(REPO / "profiles" / profile), "--name", name, *extra,
-                        check=False)
+    with steps.timed(f"{name}: sandbox up {profile} {' '.join(extra)}".rstrip()):
+        proc = kenv.sandbox("up", str(REPO / "profiles" / profile), "--name", name, *extra,
+                            check=False)
     took = time.monotonic() - start
     print(proc.stderr)
     assert proc.returncode == 0, proc.stderr
@@ -245,7 +249,8 @@ def up(kenv: KindEnv, profile: str, name: str, *extra: str) -> KindSandbox:
 
 def down(sb: KindSandbox) -> None:
     if sb.state_dir.exists():  # else a test took it down already
-        sb.sandbox("down", "--name", sb.name)
+        with steps.timed(f"{sb.name}: sandbox down"):
+            sb.sandbox("down", "--name", sb.name)
     assert leftovers(sb.name, sb.before) == []
 
 
