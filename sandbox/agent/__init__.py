@@ -1,8 +1,8 @@
 """The node server: one node's fake hardware, spec -> tree -> FUSE mount -> control socket.
 
 Every runtime runs one per node replica: the local and native runtimes as a host process,
-kind as a privileged DaemonSet pod inside the node container; ``sandbox mount`` runs one
-in the foreground or leaves one running (``--daemon``).
+kind as a privileged static pod of the node's kubelet inside the node container;
+``sandbox mount`` runs one in the foreground or leaves one running (``--daemon``).
 
     python -m sandbox.agent   the server's entry point (``__main__``): it prints the ready
                               line ``supervisor.wait_ready`` waits for

@@ -1,6 +1,6 @@
 """``python -m sandbox.agent --spec FILE --node NAME ROOT``: the node server's entry point.
 
-What the runtimes start (``sandbox.agent.spawn``, the kind agent DaemonSet): read the
+What the runtimes start (``sandbox.agent.spawn``, the kind agent's static pod): read the
 node (a resolved spec, or a profile), mount its tree at ROOT and serve it and its control
 socket until unmounted or signalled. Prints the ready line once it serves; errors are
 ``error: ...`` lines on stderr (what ``supervisor.log_tail`` shows) and exit 1. Users

@@ -18,7 +18,7 @@ from sandbox.errors import SandboxError
 from sandbox.fakehw.devnodes import is_ours, real_node
 from sandbox.fakehw.tree import DeviceNode, Tree, check_component
 
-IN_NODE_ENV = "HWSANDBOX_IN_NODE"  # set by the kind agent DaemonSet: /dev is the node's own
+IN_NODE_ENV = "HWSANDBOX_IN_NODE"  # set in the kind agent's pod: /dev is the node's own
 
 
 def device_nodes(tree: Tree) -> Iterator[tuple[str, DeviceNode]]:

@@ -15,14 +15,14 @@ import yaml
 from sandbox.errors import RuntimeBackendError, SandboxError
 from sandbox.kubeapi import ApiError, Kube, is_ready, labels, name
 from sandbox.manifests import find_plugin
-from sandbox.profile import load_profile
 from sandbox.runtimes.kind.api import (
     AGENT_NAMESPACE,
-    agent_manifests,
+    agent_namespace,
     create,
     fail_on_broken_pods,
     kind_nodes,
     scale_coredns_to_zero,
+    starting_pods,
 )
 from sandbox.runtimes.kind.config import NODE_LABEL
 from tests.plugins.dra.controlplane import ControlPlane, add_node, control_plane
@@ -45,15 +45,13 @@ def api(cp: ControlPlane) -> Iterator[Kube]:
 
 
 def test_creates_what_the_kind_runtime_deploys(api: Kube) -> None:
-    """The agent's namespace and DaemonSets and our device plugin's manifest (its
-    ServiceAccount, RBAC and DaemonSet), each where discovery says its kind lives."""
-    cluster = load_profile(REPO / "profiles" / "workshop-mixed.yaml").cluster
-    create(api, agent_manifests(cluster), "agent")
+    """The agents' namespace (the agents themselves are static pods, written into their
+    nodes) and our device plugin's manifest (its ServiceAccount, RBAC and DaemonSet), each
+    where discovery says its kind lives."""
+    create(api, [agent_namespace()], "agent")
     plugin = [d for d in yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text()) if d]
     create(api, plugin, "plugins")
-    agents = api.items(f"/apis/apps/v1/namespaces/{AGENT_NAMESPACE}/daemonsets",
-                       labelSelector="app.kubernetes.io/name=hw-sandbox-agent")
-    assert sorted(name(d) for d in agents) == sorted(f"agent-{n.name}" for n in cluster.nodes)
+    assert name(api.get(f"/api/v1/namespaces/{AGENT_NAMESPACE}")) == AGENT_NAMESPACE
     for doc in plugin:
         listed = api.get(_path(doc))
         assert listed["kind"] == doc["kind"], listed
@@ -61,7 +59,7 @@ def test_creates_what_the_kind_runtime_deploys(api: Kube) -> None:
 
     # again: 409, named in the step's one-line error
     with pytest.raises(RuntimeBackendError) as err:
-        create(api, agent_manifests(cluster)[:1], "agent")
+        create(api, [agent_namespace()], "agent")
     assert "creating the agent objects failed" in str(err.value), err.value
     assert "409" in str(err.value), err.value
     assert "already exists" in str(err.value), err.value
@@ -149,6 +147,39 @@ def test_a_crash_looping_pod_fails_its_step_at_once(api: Kube) -> None:
         fail_on_broken_pods(api, "default", "app=broken", "agent")
     assert str(err.value).endswith("pod default/broken on dra-worker: CrashLoopBackOff: "
                                    "back-off 40s restarting failed container"), err.value
+
+
+def _pod_on(api: Kube, pod: str, node: str, state: dict[str, object] | None,
+            finalizers: tuple[str, ...] = ()) -> None:
+    api.post("/api/v1/namespaces/default/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": pod, "namespace": "default", "finalizers": list(finalizers)},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "image": "busybox"}]}})
+    if state is not None:  # as the kubelet reports it
+        api.request("PATCH", f"/api/v1/namespaces/default/pods/{pod}/status", {"status": {
+            "phase": "Running" if "running" in state else "Pending",
+            "containerStatuses": [{"name": "main", "image": "busybox", "imageID": "",
+                                   "ready": False, "restartCount": 0, "state": state}]}},
+            content_type="application/merge-patch+json")
+
+
+def test_starting_pods_are_those_whose_containers_are_being_made(api: Kube) -> None:
+    """What the topology step waits for before it restarts a node's kubelet: pods with no
+    container status yet or a container being created; not those running, backing off or
+    being deleted, nor another node's."""
+    node = "settle-worker"
+    _pod_on(api, "running", node, {"running": {"startedAt": "2026-12-08T00:00:00Z"}})
+    _pod_on(api, "backoff", node, {"waiting": {"reason": "CrashLoopBackOff"}})
+    assert starting_pods(api, node) == []
+    _pod_on(api, "creating", node, {"waiting": {"reason": "ContainerCreating"}})
+    _pod_on(api, "bound", node, None)
+    _pod_on(api, "elsewhere", "other-worker", None)
+    _pod_on(api, "leaving", node, None, finalizers=("hw-sandbox.dev/test",))
+    api.request("DELETE", "/api/v1/namespaces/default/pods/leaving")
+    assert sorted(starting_pods(api, node)) == ["bound", "creating"]
+    api.request("PATCH", "/api/v1/namespaces/default/pods/leaving",
+                {"metadata": {"finalizers": None}},
+                content_type="application/merge-patch+json")
 
 
 def test_no_typed_client_is_imported(cp: ControlPlane) -> None:

@@ -11,15 +11,17 @@ Steps of ``up``, each named in errors:
 4. ``image``: the sandbox image (``sandbox.images.agent``: our packages on Debian's Python 3.11
    and FUSE), ``kind load``-ed into the nodes; with a node image from ``sandbox.images.node``
    only the layers the node lacks are shipped.
-5. ``agent``: a privileged DaemonSet per replica mounts the replica's FUSE tree at
-   /var/lib/hw-sandbox/root in its node and creates the device nodes in the node's /dev.
+5. ``agent``: a privileged static pod per replica, written into its node once the image
+   is there (the kubelet starts it as it starts, before the node joins), mounts the
+   replica's FUSE tree at /var/lib/hw-sandbox/root in its node and creates the device
+   nodes in the node's /dev.
    That directory is bind-mounted from ``<state>/nodes/<replica>`` with bidirectional
    propagation, so the tree and its control socket are reachable from the host, where
    ``sandbox fault`` talks to them.
 6. ``plugins``: our reference device plugin DaemonSet, until every node advertises.
 7. ``topology``: each profile node's kubelet restarted on its emulated CPUs, NUMA nodes
-   and memory once its tree is served (``topology.py``), until it is Ready with the
-   profile's CPU count and, with our plugin, advertises again.
+   and memory once its tree is served and its pods have started (``topology.py``), until
+   it is Ready with the profile's CPU count and, with our plugin, advertises again.
 
 The node image is ``SANDBOX_KIND_IMAGE``, else the locally built
 ``hw-sandbox/kind-node`` image, else kind's own default (pulled by kind).

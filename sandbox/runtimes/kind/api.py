@@ -1,9 +1,9 @@
 """What the kind runtime creates in, and reads from, a kind cluster (``sandbox.kubeapi``),
 and the sandbox image's early load into the nodes (``EarlyLoad``).
 
-``agent_manifests``: the namespace, the profile ConfigMap and one privileged agent
-DaemonSet per node replica (``sandbox mount`` of that replica at ``ROOT_IN_NODE``). The
-rest are small API helpers for the runtime's steps.
+``agent_manifests``: the agents' namespace and one privileged agent pod per node replica
+(``sandbox mount`` of that replica at ``ROOT_IN_NODE``), which ``place_agents`` writes
+into its node as a static pod. The rest are small API helpers for the runtime's steps.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from sandbox.commands import run
 from sandbox.errors import CommandError, RuntimeBackendError, SandboxError
@@ -33,79 +35,101 @@ ROOT_IN_NODE = f"{STATE_IN_NODE}/root"
 # the kubelet's pod-resources API, also mounted in the agent pod (the exec transport)
 POD_RESOURCES_IN_NODE = "/var/lib/kubelet/pod-resources"
 SPEC_FILE = "spec.json"  # the replica's resolved spec, written there by the host
+# the agent pod, a static pod of the node's kubelet (kubeadm's staticPodPath)
+STATIC_POD_IN_NODE = "/etc/kubernetes/manifests/hw-sandbox-agent.yaml"
+
+
+def agent_namespace() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}}
+
+
+def agent_pod(node: str) -> dict[str, Any]:
+    """The agent of node replica ``node``: a static pod (``STATIC_POD_IN_NODE``), which
+    the node's kubelet starts as soon as it starts, before it has joined the cluster; its
+    mirror pod ``agent-<replica>-<kind node>`` shows it in the API. It serves the
+    resolved spec the host wrote to its node's state dir (``SPEC_FILE``): every process of
+    a sandbox works from the one spec the CLI resolved."""
+    name = f"agent-{node}"
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": AGENT_NAMESPACE,
+                     "labels": {"app": name, "app.kubernetes.io/part-of": "hw-sandbox",
+                                "app.kubernetes.io/name": "hw-sandbox-agent"},
+                     "annotations": {"kubectl.kubernetes.io/default-container": "agent"}},
+        "spec": {
+            # needs no pod network: works before (and without) any CNI
+            "hostNetwork": True,
+            # a static pod's priority is not resolved from its class by the kubelet
+            # (kubeadm's control-plane pods carry both, too)
+            "priorityClassName": "system-node-critical", "priority": 2000001000,
+            "containers": [{
+                "name": "agent", "image": IMAGE, "imagePullPolicy": "Never",
+                "command": ["python3", "-m", "sandbox.agent", "--spec",
+                            f"{STATE_IN_NODE}/{SPEC_FILE}", "--node", node,
+                            ROOT_IN_NODE, "--state-dir", STATE_IN_NODE,
+                            "--dev-dir", "/host-dev"],
+                "env": [{"name": "HWSANDBOX_IN_NODE", "value": "1"}],
+                "securityContext": {"privileged": True},
+                "volumeMounts": [
+                    {"name": "state", "mountPath": STATE_IN_NODE,
+                     "mountPropagation": "Bidirectional"},
+                    {"name": "dev", "mountPath": "/host-dev"},
+                    # the kubelet's pod-resources API, for the exec transport
+                    {"name": "pod-resources", "mountPath": POD_RESOURCES_IN_NODE},
+                ],
+            }, {
+                # real links for the tree's netdevs in the node's network namespace
+                # (hostNetwork: the node container's, never the host's), following its
+                # faults (sandbox.fakehw.netlinks)
+                "name": "netlinks", "image": IMAGE, "imagePullPolicy": "Never",
+                "command": ["python3", "-m", "sandbox.fakehw.netlinks",
+                            "--root", ROOT_IN_NODE,
+                            "--control", f"{STATE_IN_NODE}/control.sock",
+                            "--netns", "/proc/self/ns/net"],
+                "securityContext": {"privileged": True},
+                "volumeMounts": [
+                    {"name": "state", "mountPath": STATE_IN_NODE,
+                     "mountPropagation": "HostToContainer"},
+                ],
+            }],
+            "volumes": [
+                {"name": "state", "hostPath": {"path": STATE_IN_NODE,
+                                               "type": "DirectoryOrCreate"}},
+                {"name": "dev", "hostPath": {"path": "/dev"}},
+                {"name": "pod-resources",
+                 "hostPath": {"path": POD_RESOURCES_IN_NODE, "type": "DirectoryOrCreate"}},
+            ],
+        },
+    }
 
 
 def agent_manifests(cluster: Cluster) -> list[dict[str, Any]]:
-    """The namespace and one agent DaemonSet per node replica. Each agent serves the
-    resolved spec the host wrote to its node's state dir (``SPEC_FILE``): every process
-    of a sandbox works from the one spec the CLI resolved."""
-    docs: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": AGENT_NAMESPACE}},
-    ]
-    for node in cluster.nodes:
-        name = f"agent-{node.name}"
-        docs.append({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": name, "namespace": AGENT_NAMESPACE,
-                         "labels": {"app.kubernetes.io/part-of": "hw-sandbox",
-                                    "app.kubernetes.io/name": "hw-sandbox-agent"}},
-            "spec": {
-                "selector": {"matchLabels": {"app": name}},
-                "template": {
-                    "metadata": {"labels": {"app": name,
-                                            "app.kubernetes.io/name": "hw-sandbox-agent"},
-                                 "annotations": {
-                                     "kubectl.kubernetes.io/default-container": "agent"}},
-                    "spec": {
-                        "nodeSelector": {NODE_LABEL: node.name},
-                        # needs no pod network: works before (and without) any CNI
-                        "hostNetwork": True,
-                        "priorityClassName": "system-node-critical",
-                        "tolerations": [{"operator": "Exists"}],
-                        "containers": [{
-                            "name": "agent", "image": IMAGE, "imagePullPolicy": "Never",
-                            "command": ["python3", "-m", "sandbox.agent", "--spec",
-                                        f"{STATE_IN_NODE}/{SPEC_FILE}", "--node", node.name,
-                                        ROOT_IN_NODE, "--state-dir", STATE_IN_NODE,
-                                        "--dev-dir", "/host-dev"],
-                            "env": [{"name": "HWSANDBOX_IN_NODE", "value": "1"}],
-                            "securityContext": {"privileged": True},
-                            "volumeMounts": [
-                                {"name": "state", "mountPath": STATE_IN_NODE,
-                                 "mountPropagation": "Bidirectional"},
-                                {"name": "dev", "mountPath": "/host-dev"},
-                                # the kubelet's pod-resources API, for the exec transport
-                                {"name": "pod-resources",
-                                 "mountPath": POD_RESOURCES_IN_NODE},
-                            ],
-                        }, {
-                            # real links for the tree's netdevs in the node's network
-                            # namespace (hostNetwork: the node container's, never the
-                            # host's), following its faults (sandbox.fakehw.netlinks)
-                            "name": "netlinks", "image": IMAGE, "imagePullPolicy": "Never",
-                            "command": ["python3", "-m", "sandbox.fakehw.netlinks",
-                                        "--root", ROOT_IN_NODE,
-                                        "--control", f"{STATE_IN_NODE}/control.sock",
-                                        "--netns", "/proc/self/ns/net"],
-                            "securityContext": {"privileged": True},
-                            "volumeMounts": [
-                                {"name": "state", "mountPath": STATE_IN_NODE,
-                                 "mountPropagation": "HostToContainer"},
-                            ],
-                        }],
-                        "volumes": [
-                            {"name": "state", "hostPath": {"path": STATE_IN_NODE,
-                                                           "type": "DirectoryOrCreate"}},
-                            {"name": "dev", "hostPath": {"path": "/dev"}},
-                            {"name": "pod-resources",
-                             "hostPath": {"path": POD_RESOURCES_IN_NODE,
-                                          "type": "DirectoryOrCreate"}},
-                        ],
-                    },
-                },
-            },
-        })
-    return docs
+    """The agent's namespace (created through the API) and one agent pod per node
+    replica (written into its node as a static pod, ``place_agents``)."""
+    return [agent_namespace(), *(agent_pod(node.name) for node in cluster.nodes)]
+
+
+def place_agents(client: Any, cluster: str, replicas: Sequence[str]) -> list[str]:
+    """Write each replica's agent pod into its kind node's static pod directory; the kind
+    node of a replica is the one whose ``STATE_IN_NODE`` is bound from
+    ``<state>/nodes/<replica>``. Returns the replicas placed. Written by a shell in the
+    node (renamed into place: the kubelet skips dot files), not Docker's archive API,
+    which mounts the node's volumes on the Docker host while it copies."""
+    placed = []
+    folder, file = STATIC_POD_IN_NODE.rsplit("/", 1)
+    write = (f'umask 077 && printf "%s" "$HWSB_POD" > {folder}/.{file} && '
+             f"mv {folder}/.{file} {folder}/{file}")
+    for node in client.containers.list(filters={"label": f"io.x-k8s.kind.cluster={cluster}"}):
+        sources = [Path(m.get("Source") or "").name for m in node.attrs.get("Mounts") or []
+                   if m.get("Destination") == STATE_IN_NODE]
+        for replica in (s for s in sources if s in replicas):
+            text = yaml.safe_dump(agent_pod(replica), sort_keys=False)
+            result = node.exec_run(["sh", "-c", write], environment={"HWSB_POD": text})
+            if result.exit_code != 0:
+                raise SandboxError(f"writing the agent's static pod into {node.name}: "
+                                   f"{result.output.decode(errors='replace').strip()}")
+            placed.append(replica)
+    return placed
 
 
 def scale_coredns_to_zero(api: Any) -> None:
@@ -170,6 +194,33 @@ def fail_on_broken_pods(api: Kube, namespace: str, selector: str, step: str) -> 
                     f"{' (last log: ' + logs + ')' if logs else ''}")
 
 
+# a container in one of these states is being made: its pod has not settled
+STARTING = {"ContainerCreating", "PodInitializing"}
+
+
+def starting_pods(api: Kube, node: str) -> list[str]:
+    """The pods on kind node ``node`` whose containers are still being made (no status
+    yet, or waiting in ``STARTING``; not those backing off or being deleted). Restarting
+    the kubelet between a container's create and its start costs the next kubelet ~3 s
+    per such container as it starts (cAdvisor retries a cgroup that has no task yet; 13 s
+    seen) and the container is made again: on a freshly joined node, kube-proxy's and the
+    DaemonSets' pods are starting when its agent (a static pod) serves the tree."""
+    starting = []
+    for pod in api.items("/api/v1/pods", fieldSelector=f"spec.nodeName={node}"):
+        status = pod.get("status") or {}
+        if pod["metadata"].get("deletionTimestamp") or status.get("phase") in ("Succeeded",
+                                                                                "Failed"):
+            continue
+        states = {cs.get("name"): cs.get("state") or {}
+                  for cs in status.get("containerStatuses") or []}
+        for container in pod["spec"]["containers"]:
+            state = states.get(container["name"]) or {}
+            if not state or (state.get("waiting") or {}).get("reason") in STARTING:
+                starting.append(name(pod))
+                break
+    return starting
+
+
 def install_nvml(state_dir: Path) -> list[Path]:
     """Our libnvidia-ml.so.1 (built here) where NVIDIA's pods mount it from: each node's
     /var/lib/hw-sandbox/nvml, which is ``<state>/nodes/<replica>/nvml`` on this host (the
@@ -201,8 +252,6 @@ def admin_api(client: Any, cluster: str) -> Kube:
     """A client of ``cluster``'s API server before ``kind create`` has written the
     kubeconfig: the control plane's admin.conf, pointed where kind's kubeconfig will
     point (the API server port Docker publishes on the host)."""
-    import yaml
-
     node = client.containers.get(f"{cluster}-control-plane")
     read = node.exec_run(["cat", "/etc/kubernetes/admin.conf"])
     if read.exit_code:
@@ -217,10 +266,12 @@ def admin_api(client: Any, cluster: str) -> Kube:
 class EarlyLoad(threading.Thread):
     """Build the sandbox image and ``kind load`` it as soon as the nodes can take it: once
     kubeadm init has begun on the control plane, kind has finished restarting every
-    node's containerd (its config action runs first). Then, with ``deploy``, call it with
-    an API client as soon as the API server answers (the agent and plugin DaemonSets: their
-    pods start as the workers join, while kind still waits). ``finish`` waits for the
-    load, loads again the ordinary way if the early load failed or never started, and
+    node's containerd (its config action runs first), and write the agents' static pods
+    into their nodes (``agents``: the kubelets start them as soon as they start). Then,
+    with ``deploy``, call it with an API client as soon as the API server answers (the
+    agents' namespace and the plugin DaemonSet: its pods start as the workers join, while
+    kind still waits). ``finish`` waits for the load (placing the agents after it if the
+    early load failed or never started, and loading again the ordinary way), and
     stops waiting for the API server (``deploy`` records what it made; a failure of it is
     kept in ``deploy_error``). With ``skip_control_plane`` (the profile names no
     control-plane node: kind's own runs no pod of ours) the image goes to the workers only,
@@ -228,12 +279,14 @@ class EarlyLoad(threading.Thread):
 
     def __init__(self, cluster: str, client: Any, node_image: str, work: Path,
                  progress: Progress, deploy: Callable[[Any], None] | None = None,
-                 local: bool = False, skip_control_plane: bool = False) -> None:
+                 local: bool = False, skip_control_plane: bool = False,
+                 agents: Sequence[str] = ()) -> None:
         super().__init__(name="hwsb-early-load", daemon=True)
         self.cluster, self.client, self.node_image = cluster, client, node_image
         self.work, self.progress, self.deploy = work, progress, deploy
         self.local = local  # the Docker daemon runs on this kernel (host transport)
         self.skip_control_plane = skip_control_plane
+        self.agents = tuple(agents)  # the replicas whose agent pods to place once loaded
         self.cancelled = threading.Event()
         self.created = threading.Event()  # `kind create` is over: deploy no more
         self.agent: agentimage.AgentImage | None = None
@@ -318,6 +371,18 @@ class EarlyLoad(threading.Thread):
             run([*argv, "--name", self.cluster], timeout=KIND_TIMEOUT)
         except CommandError as exc:
             raise RuntimeBackendError("image", str(exc)) from exc
+        # the image is in every node: their kubelets may start the agents now (with the
+        # image missing they would back off for 10 s after ErrImageNeverPull)
+        try:
+            missing = set(self.agents) - set(place_agents(self.client, self.cluster,
+                                                          self.agents))
+        except Exception as exc:  # noqa: BLE001 - docker raises many types
+            raise RuntimeBackendError("agent", f"placing the agent pods: {exc}") from exc
+        if missing:
+            raise RuntimeBackendError("agent", "no kind node for "
+                                      f"{', '.join(sorted(missing))} to run its agent")
+        self.progress(f"the fake-hardware agent placed in {len(self.agents)} node(s) as a "
+                      "static pod (their kubelets start it as they start)")
 
     def run(self) -> None:
         try:

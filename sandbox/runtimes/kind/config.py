@@ -1,9 +1,11 @@
 """kind cluster configs generated from a profile (templates in ``kind-config/``).
 
-One kind node per profile node replica, labelled ``hwsandbox.dev/node=<replica>`` so the
-sandbox agent's per-replica DaemonSet lands on the right node; a control-plane node is
-added when the profile has none. The templates ship inside the package (a copy of the
-repository's ``kind-config/``) so an installed sandbox finds them.
+One kind node per profile node replica, labelled ``hwsandbox.dev/node=<replica>`` (how
+the runtime finds a replica's node in the API), with ``<state>/nodes/<replica>`` bound at
+``/var/lib/hw-sandbox`` (how it finds the node's container to place the replica's agent
+pod in); a control-plane node is added when the profile has none. The templates ship
+inside the package (a copy of the repository's ``kind-config/``) so an installed sandbox
+finds them.
 """
 
 from __future__ import annotations

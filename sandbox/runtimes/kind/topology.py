@@ -1,6 +1,6 @@
 """kind: each node's kubelet sees that node's emulated CPUs, NUMA nodes and memory.
 
-The FUSE tree of a node comes from the agent DaemonSet, which needs a running kubelet, so
+The FUSE tree of a node comes from the agent, a static pod: it needs a running kubelet, so
 the first kubelet start in a node sees the real machine. Once the agent serves the tree,
 ``reconfigure`` restarts each profile node's kubelet the way the native runtime starts
 its own (``sandbox.runtimes.kubeletns``): a ``kubelet.service`` drop-in runs it in a mount

@@ -29,7 +29,7 @@ from sandbox.runtimes.kind.api import (
     KIND_TIMEOUT,
     SPEC_FILE,
     EarlyLoad,
-    agent_manifests,
+    agent_namespace,
     api_client,
     create,
     docker_client,
@@ -37,6 +37,7 @@ from sandbox.runtimes.kind.api import (
     kind_nodes,
     ours,
     scale_coredns_to_zero,
+    starting_pods,
 )
 from sandbox.runtimes.kind.config import NODE_LABEL, HostFacts, kind_config_text
 from sandbox.runtimes.kind.host import (
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
 
 AGENT_TIMEOUT = 180.0
 PLUGIN_TIMEOUT = 120.0
+# at most this long for a node's pods to start before its kubelet is restarted anyway
+SETTLE_TIMEOUT = 20.0
 # <state>/nodes/<replica>/pod-resources: the node's /var/lib/kubelet/pod-resources
 POD_RESOURCES = "pod-resources"
 
@@ -74,6 +77,8 @@ def _serves_agent_log(api: Kube, target: str) -> bool:
         pods = api.items(f"/api/v1/namespaces/{AGENT_NAMESPACE}/pods",
                          fieldSelector=f"spec.nodeName={target}",
                          labelSelector="app.kubernetes.io/name=hw-sandbox-agent")
+        if not pods:
+            return False  # its mirror pod is not made yet
         for pod in pods:
             api.log(AGENT_NAMESPACE, name(pod), container="agent", tailLines=1)
     except Exception:  # noqa: BLE001 - any failure: not yet
@@ -189,7 +194,8 @@ class KindUp:
             early = EarlyLoad(self.name, self.client, self.image, Path(work), self.progress,
                               deploy=self._deploy, local=self.record.transport == "host",
                               skip_control_plane=not any(n.role == "control-plane"
-                                                         for n in self.cluster.nodes))
+                                                         for n in self.cluster.nodes),
+                              agents=[node.name for node in self.cluster.nodes])
             early.start()
             try:
                 # --retain: on a failure kind would delete its nodes itself, and a node's
@@ -211,7 +217,7 @@ class KindUp:
             self.deploy_error = early.deploy_error
 
     def agent_and_plugins(self) -> None:
-        """The agent DaemonSets and our device plugin, created together (the plugin finds
+        """The agents' namespace and our device plugin, created together (the plugin finds
         the tree once the agent has mounted it; its mount sees the tree appear), unless the
         cluster step already did; then until every node serves its tree and, without the
         topology step, advertises."""
@@ -229,12 +235,13 @@ class KindUp:
         # plugin registers again with each restarted kubelet anyway
 
     def _deploy(self, api: Kube) -> None:
-        """The agent DaemonSets and, unless --no-device-plugin, our device plugin's."""
+        """The agents' namespace (their mirror pods need it) and, unless
+        --no-device-plugin, our device plugin's DaemonSet."""
         plugin = self.runtime.reference_plugin
-        self.progress("deploying the fake-hardware agent " + (
+        self.progress("creating the agents' namespace " + (
             "and the reference device plugin" if plugin else
             "(no device plugin: --no-device-plugin)"))
-        create(api, agent_manifests(self.cluster), "agent")
+        create(api, [agent_namespace()], "agent")  # for the agents' mirror pods
         if plugin:
             manifests = list(yaml.safe_load_all(find_plugin("hw-sandbox-device-plugin").text()))
             for doc in manifests:
@@ -256,6 +263,9 @@ class KindUp:
         targets = kind_nodes(api, [node.name for node in self.cluster.nodes])
         for node in self.cluster.nodes:
             kindtopology.write_node_files(self.nodes / node.name, node)
+            settle = time.monotonic() + SETTLE_TIMEOUT
+            while starting_pods(api, targets[node.name]) and time.monotonic() < settle:
+                time.sleep(0.1)
             exec_in_node(targets[node.name], ["sh", "-c", kindtopology.RECONFIGURE],
                          "topology")
         want = {node.name: len(node.cpus) for node in self.cluster.nodes}
