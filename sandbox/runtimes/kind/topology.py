@@ -91,11 +91,19 @@ def systemd_drop_in() -> str:
 
 
 # Run in the node: the drop-in in place, the managers' state files of the real machine's
-# first start gone (a changed policy or CPU set makes the kubelet refuse them), restart.
+# first start gone (a changed policy or CPU set makes the kubelet refuse them), restart,
+# but not while a container's task is created and not yet started (up to 5 s): stopped
+# then, the kubelet leaves a cgroup without a running task, and the next one's cAdvisor
+# retries each such cgroup for ~3 s before it syncs a pod (13 s seen). The caller waits
+# for the node's pods to have started first (``api.starting_pods``); this closes the gap
+# of a pod the API did not show yet.
 RECONFIGURE = (
     f"install -D -m 0644 {STATE_IN_NODE}/{DROP_IN} "
     f"/etc/systemd/system/kubelet.service.d/{DROP_IN} && "
     "rm -f " + " ".join(f"/var/lib/kubelet/{name}" for name in kubeletns.MANAGER_STATE)
     + " && "
-    "systemctl daemon-reload && systemctl restart kubelet"
+    "systemctl daemon-reload && "
+    "i=0; while [ $i -lt 50 ] && ctr -n k8s.io tasks ls 2>/dev/null | grep -qw CREATED; "
+    "do sleep 0.1; i=$((i+1)); done; "
+    "systemctl restart kubelet"
 )
