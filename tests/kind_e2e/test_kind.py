@@ -54,6 +54,18 @@ def test_agent_serves_in_the_fast_mode(gpu: KindSandbox) -> None:
     assert "lacks hw-sandbox's patch" not in logs, logs
 
 
+def test_agent_is_a_static_pod_of_its_node(gpu: KindSandbox) -> None:
+    """The agent runs as a static pod the node's kubelet started (its mirror pod in the
+    API, named after the node), not from a DaemonSet."""
+    pods = json.loads(gpu.kubectl("-n", "hw-sandbox", "get", "pods", "-o", "json",
+                                  "-l", "app.kubernetes.io/name=hw-sandbox-agent"))["items"]
+    node = gpu.nodes()["gpu-worker"]["metadata"]["name"]
+    assert [p["metadata"]["name"] for p in pods] == [f"agent-gpu-worker-{node}"], pods
+    assert "kubernetes.io/config.mirror" in pods[0]["metadata"]["annotations"], pods[0]
+    assert [o["kind"] for o in pods[0]["metadata"]["ownerReferences"]] == ["Node"], pods[0]
+    assert gpu.kubectl("-n", "hw-sandbox", "get", "daemonsets", "-o", "name").strip() == ""
+
+
 def test_pod_gets_exactly_two_gpus(gpu: KindSandbox) -> None:
     pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "two-gpus"},
