@@ -109,17 +109,18 @@ def agent_manifests(cluster: Cluster) -> list[dict[str, Any]]:
     return [agent_namespace(), *(agent_pod(node.name) for node in cluster.nodes)]
 
 
-def place_agents(client: Any, cluster: str, replicas: Sequence[str]) -> list[str]:
+def place_agents(nodes: Sequence[Any], replicas: Sequence[str]) -> list[str]:
     """Write each replica's agent pod into its kind node's static pod directory; the kind
-    node of a replica is the one whose ``STATE_IN_NODE`` is bound from
-    ``<state>/nodes/<replica>``. Returns the replicas placed. Written by a shell in the
-    node (renamed into place: the kubelet skips dot files), not Docker's archive API,
-    which mounts the node's volumes on the Docker host while it copies."""
+    node (of the cluster's node containers ``nodes``) of a replica is the one whose
+    ``STATE_IN_NODE`` is bound from ``<state>/nodes/<replica>``. Returns the replicas
+    placed. Written by a shell in the node (renamed into place: the kubelet skips dot
+    files), not Docker's archive API, which mounts the node's volumes on the Docker host
+    while it copies."""
     placed = []
     folder, file = STATIC_POD_IN_NODE.rsplit("/", 1)
     write = (f'umask 077 && printf "%s" "$HWSB_POD" > {folder}/.{file} && '
              f"mv {folder}/.{file} {folder}/{file}")
-    for node in client.containers.list(filters={"label": f"io.x-k8s.kind.cluster={cluster}"}):
+    for node in nodes:
         sources = [Path(m.get("Source") or "").name for m in node.attrs.get("Mounts") or []
                    if m.get("Destination") == STATE_IN_NODE]
         for replica in (s for s in sources if s in replicas):
@@ -362,8 +363,9 @@ class EarlyLoad(threading.Thread):
             argv = ["kind", "load", "image-archive", str(self.agent.archive)]
         else:
             argv = ["kind", "load", "docker-image", self.agent.ref]
+        nodes = self._nodes()
         if self.skip_control_plane:
-            workers = sorted(n.name for n in self._nodes()
+            workers = sorted(n.name for n in nodes
                              if n.labels.get("io.x-k8s.kind.role") != "control-plane")
             if workers:
                 argv += ["--nodes", ",".join(workers)]
@@ -374,8 +376,7 @@ class EarlyLoad(threading.Thread):
         # the image is in every node: their kubelets may start the agents now (with the
         # image missing they would back off for 10 s after ErrImageNeverPull)
         try:
-            missing = set(self.agents) - set(place_agents(self.client, self.cluster,
-                                                          self.agents))
+            missing = set(self.agents) - set(place_agents(nodes, self.agents))
         except Exception as exc:  # noqa: BLE001 - docker raises many types
             raise RuntimeBackendError("agent", f"placing the agent pods: {exc}") from exc
         if missing:
